@@ -1,0 +1,42 @@
+// The qhead command-line tool: one function per subcommand. Each returns the
+// process exit status; qhead::Error escapes to main(), which prints one line
+// and exits non-zero.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+namespace qhead::cli {
+
+struct InspectArgs {
+  std::string file;
+  bool json = false;
+};
+int run_inspect(const InspectArgs& a);
+
+struct QuantizeArgs {
+  std::string input;
+  std::string tensor;
+  std::string scheme;
+  std::string output;
+  std::optional<std::string> scale_dtype;  // "f16" | "bf16" | "f32"; default: the input's
+  int threads = 0;
+  bool json = false;
+};
+int run_quantize(const QuantizeArgs& a);
+// The work of `qhead quantize` without printing; returns its JSON summary.
+nlohmann::json quantize_file(const QuantizeArgs& a);
+
+struct DemoArgs {
+  std::string workdir;  // where the dense and packed files go (default: temp dir)
+  int threads = 0;
+  bool json = false;
+  bool keep = false;
+};
+int run_demo(const DemoArgs& a);
+
+// Shared by the commands: "1.23 MB".
+std::string human_bytes(double bytes);
+
+}  // namespace qhead::cli

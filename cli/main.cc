@@ -1,0 +1,58 @@
+// qhead — command-line entry point. Parses arguments (CLI11) and turns any
+// library error into a one-line message and a non-zero exit status.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <exception>
+
+#include "commands.h"
+#include "qhead/error.h"
+
+int main(int argc, char** argv) {
+  using namespace qhead::cli;
+  CLI::App app{"qhead: quantized LLM token tables (embedding + lm_head) in the compressed-tensors pack-quantized layout"};
+  app.require_subcommand(1);
+
+  InspectArgs ia;
+  auto* inspect = app.add_subcommand("inspect", "Validate a safetensors file and list its tensors and packed tables");
+  inspect->add_option("file", ia.file, "safetensors file")->required();
+  inspect->add_flag("--json", ia.json, "machine-readable output");
+
+  QuantizeArgs qa;
+  auto* quantize = app.add_subcommand(
+      "quantize", "Quantize one [V, H] tensor of a safetensors file (RTN) into the pack-quantized layout");
+  quantize->add_option("input", qa.input, "input safetensors file")->required();
+  quantize->add_option("--tensor", qa.tensor, "name of the dense [V, H] tensor, e.g. lm_head.weight")->required();
+  quantize->add_option("--scheme", qa.scheme, "w<bits>[g<32|64|128|256>][a]: w4g64, w8, w4g128a")->required();
+  quantize->add_option("-o,--output", qa.output, "output safetensors file (never the input)")->required();
+  quantize->add_option("--scale-dtype", qa.scale_dtype, "f16 | bf16 | f32 (default: the input's dtype)")
+      ->check(CLI::IsMember({"f16", "bf16", "f32"}));
+  quantize->add_option("--threads", qa.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  quantize->add_flag("--json", qa.json, "machine-readable output");
+
+  DemoArgs da;
+  auto* demo = app.add_subcommand(
+      "demo", "The main job: quantize a deterministic Qwen3-0.6B-shaped table (151936 x 1024) to w4g64, "
+              "inspect it and check every op against the reference");
+  demo->add_option("--workdir", da.workdir, "directory for the files (default: a temporary directory)");
+  demo->add_option("--threads", da.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  demo->add_flag("--json", da.json, "machine-readable summary");
+  demo->add_flag("--keep", da.keep, "keep the files written");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (*inspect) return run_inspect(ia);
+    if (*quantize) return run_quantize(qa);
+    if (*demo) return run_demo(da);
+  } catch (const qhead::Error& e) {
+    std::fprintf(stderr, "qhead: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qhead: error: %s\n", e.what());
+    return 3;
+  }
+  return 1;
+}

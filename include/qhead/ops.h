@@ -1,0 +1,62 @@
+// qhead/ops.h — the operations on a token table.
+//
+// Every op checks its arguments here and dispatches once (ops.cc) on device
+// and table kind; the scalar reference (src/ops/ops_ref.cc) is the spec, the
+// test oracle and the fallback for anything a fast path does not take.
+//
+// Shapes: table [V, H]; ids [N]; x [M, H]; logits [M, V]; top-k [M, k].
+#pragma once
+
+#include <cstdint>
+
+#include "qhead/table.h"
+#include "qhead/tensor.h"
+
+namespace qhead {
+
+// Which implementation runs. kAuto picks the fastest one available for the
+// table, device and shape; the others force a path (tests, benchmarks).
+enum class Backend { kAuto, kReference, kFallbackBlas };
+
+// embed: out[n, :] = row(ids[n]) dequantized.
+//   ids: I32 or I64 [N], each in [0, V) — anything else throws, nothing is read.
+//   out: F32/F16/BF16 [N, H], written.
+void embed(const Table& table, const TensorView& ids, const TensorView& out,
+           Backend backend = Backend::kAuto);
+Tensor embed(const Table& table, const TensorView& ids, DType out_dtype = DType::kF32);
+
+// logits: out[m, v] = Σ_j x[m, j] · w[v, j], accumulated in f32.
+//   x: F32/F16/BF16 [M, H];  out: F32 [M, V], written.
+void logits(const Table& table, const TensorView& x, const TensorView& out,
+            Backend backend = Backend::kAuto);
+Tensor logits(const Table& table, const TensorView& x);
+
+// logits_fallback: dequantize the whole table to f32, then one dense SGEMM
+// (OpenBLAS). The path the fused kernels replace; kept as a baseline.
+void logits_fallback(const Table& table, const TensorView& x, const TensorView& out);
+
+// topk: the k largest logits of each row, sorted descending (ties: lower id
+// first), and the log-sum-exp of the whole row, without storing [M, V].
+//   values: F32 [M, k];  ids: I32 [M, k];  lse: F32 [M].  1 <= k <= V.
+struct TopK {
+  Tensor values;
+  Tensor ids;
+  Tensor logsumexp;
+};
+void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values,
+          const TensorView& ids, const TensorView& lse, Backend backend = Backend::kAuto);
+TopK topk(const Table& table, const TensorView& x, int64_t k);
+
+// rescore: exact logits of candidate ids from a dense (full-precision) table,
+// re-sorted descending (ties: lower id first).
+//   dense: a dense Table [V, H];  x: [M, H];  candidates: I32/I64 [M, k]
+//   values: F32 [M, k];  ids: I32 [M, k].
+void rescore(const Table& dense, const TensorView& x, const TensorView& candidates,
+             const TensorView& values, const TensorView& ids);
+struct Rescored {
+  Tensor values;
+  Tensor ids;
+};
+Rescored rescore(const Table& dense, const TensorView& x, const TensorView& candidates);
+
+}  // namespace qhead

@@ -1,0 +1,71 @@
+// qhead/safetensors.h — safetensors read (mmap, validated) and write (atomic).
+//
+// Format: u64 little-endian header length N, N bytes of UTF-8 JSON
+//   {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"key": "value", ...}}
+// then the data section; offsets are relative to the data section start.
+//
+// Reading validates everything before any tensor is handed out: header length
+// against the file size and a cap (100 MB), well-formed JSON object, known
+// dtypes, non-negative shapes, shape × dtype size == byte range, ranges inside
+// the data section, and the ranges tile the data section exactly (no overlap,
+// no hole), as the reference implementation requires. Every failure throws
+// qhead::Error(kInvalidFile) naming the file and the tensor.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "qhead/tensor.h"
+
+namespace qhead {
+
+class SafetensorsFile {
+ public:
+  // Maps and validates `path`. Throws Error (kIo / kInvalidFile).
+  static SafetensorsFile open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  // Tensor names in file order (by data offset).
+  const std::vector<std::string>& names() const { return names_; }
+  bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  // A read-only view into the mapping; the returned Tensor keeps it alive.
+  // Throws kInvalidArgument naming the file if the tensor is absent.
+  Tensor get(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  size_t file_size() const { return file_size_; }
+
+ private:
+  struct Entry {
+    DType dtype;
+    Shape shape;
+    size_t begin, end;  // relative to data section
+  };
+  std::string path_;
+  std::shared_ptr<const void> mapping_;  // whole file
+  size_t file_size_ = 0;
+  size_t data_start_ = 0;
+  std::vector<std::string> names_;
+  std::map<std::string, Entry> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Collects tensors, then writes them to a temporary file beside `path` and
+// renames it into place, so a reader never sees a half-written file. Refuses
+// to write over any file named in `forbid` (the inputs) — compared by inode.
+class SafetensorsWriter {
+ public:
+  // Adds a tensor (CPU, contiguous). The data is copied at write() time, so
+  // the view must stay valid until then. Duplicate names are an error.
+  void add(const std::string& name, const TensorView& t);
+  void set_metadata(const std::string& key, const std::string& value);
+  void write(const std::string& path, const std::vector<std::string>& forbid = {}) const;
+
+ private:
+  std::vector<std::pair<std::string, TensorView>> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace qhead

@@ -1,0 +1,476 @@
+// safetensors.cc — validated mmap reader and atomic writer for safetensors.
+//
+// Reader: the whole file is mapped read-only once; every structural property
+// is checked before open() returns, so get() is a pure lookup that can never
+// produce a view outside the mapping. Writer: header + data go to a temporary
+// file in the destination directory, which is fsync'ed and renamed into place.
+//
+// Layout reminder:  [u64 LE N][N bytes JSON header][data section]
+// Offsets in the header are relative to the data section start (8 + N).
+
+#include "qhead/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <nlohmann/json.hpp>
+
+#include "qhead/error.h"
+
+namespace qhead {
+
+namespace {
+
+using nlohmann::json;
+
+// Largest header we accept; the reference implementation uses the same cap.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// The writer aligns the data section start to this many bytes.
+constexpr size_t kDataAlign = 8;
+constexpr const char* kMetadataKey = "__metadata__";
+
+[[noreturn]] void fail_file(const std::string& path, const std::string& what) {
+  throw Error(ErrorCode::kInvalidFile, "safetensors.read", path + ": " + what);
+}
+
+[[noreturn]] void fail_tensor(const std::string& path, const std::string& name,
+                              const std::string& what) {
+  fail_file(path, "tensor '" + name + "': " + what);
+}
+
+std::string errno_str(int err) { return std::strerror(err); }
+
+// A JSON value for an error message, cut short so a huge header stays readable.
+std::string short_dump(const nlohmann::json& v) {
+  std::string s = v.dump();
+  if (s.size() > 120) s = s.substr(0, 120) + "...";
+  return s;
+}
+
+std::string range_str(size_t begin, size_t end) {
+  return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
+}
+
+// Closes a file descriptor on scope exit (unless released).
+struct FdGuard {
+  int fd = -1;
+  explicit FdGuard(int f) : fd(f) {}
+  FdGuard(const FdGuard&) = delete;
+  FdGuard& operator=(const FdGuard&) = delete;
+  ~FdGuard() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+uint64_t read_u64_le(const unsigned char* p) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+// Reads a JSON value that must be a non-negative integer (floats such as 2.0
+// and negative numbers are rejected). nlohmann stores every non-negative
+// integer literal as number_unsigned, so that type test is exactly the check.
+bool as_unsigned(const json& v, uint64_t* out) {
+  if (!v.is_number_unsigned()) return false;
+  *out = v.get<uint64_t>();
+  return true;
+}
+
+// Parses `text` as JSON and rejects duplicate keys in any object: nlohmann
+// would silently keep the last one, and two parsers disagreeing about which
+// tensor a name refers to is exactly the ambiguity validation must exclude.
+json parse_header(const std::string& path, const char* text, size_t n) {
+  std::vector<std::set<std::string>> keys;  // one key set per open object
+  std::string duplicate;
+  auto cb = [&](int /*depth*/, json::parse_event_t ev, json& v) {
+    switch (ev) {
+      case json::parse_event_t::object_start: keys.emplace_back(); break;
+      case json::parse_event_t::object_end:
+        if (!keys.empty()) keys.pop_back();
+        break;
+      case json::parse_event_t::key:
+        if (!keys.empty() && v.is_string() && !keys.back().insert(v.get<std::string>()).second &&
+            duplicate.empty())
+          duplicate = v.get<std::string>();
+        break;
+      default: break;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text, text + n, cb, /*allow_exceptions=*/true);
+  } catch (const json::exception& e) {
+    fail_file(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!duplicate.empty()) fail_file(path, "header has duplicate key \"" + duplicate + "\"");
+  return j;
+}
+
+}  // namespace
+
+// ============================================================================
+// Reader
+// ============================================================================
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  SafetensorsFile f;
+  f.path_ = path;
+
+  // ---- map the file ---------------------------------------------------------
+  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.fd < 0)
+    throw Error(ErrorCode::kIo, "safetensors.read", path + ": cannot open: " + errno_str(errno));
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0)
+    throw Error(ErrorCode::kIo, "safetensors.read", path + ": fstat failed: " + errno_str(errno));
+  // Directories, FIFOs and devices cannot be mapped as a file of known size.
+  if (!S_ISREG(st.st_mode))
+    throw Error(ErrorCode::kIo, "safetensors.read", path + ": not a regular file");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  // The 8-byte length prefix must be present (this also excludes mmap of 0 bytes).
+  if (size < 8)
+    fail_file(path, "file too small: " + std::to_string(size) + " bytes, need at least 8");
+  if (size > std::numeric_limits<size_t>::max())
+    fail_file(path, "file of " + std::to_string(size) + " bytes does not fit in memory");
+  f.file_size_ = static_cast<size_t>(size);
+
+  void* addr = ::mmap(nullptr, f.file_size_, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+  if (addr == MAP_FAILED)
+    throw Error(ErrorCode::kIo, "safetensors.read", path + ": mmap failed: " + errno_str(errno));
+  const size_t map_len = f.file_size_;
+  // The mapping outlives the descriptor; the last Tensor borrowing it unmaps.
+  // Note: if another process truncates the file while it is mapped, touching
+  // the lost pages raises SIGBUS — no user-space validation can prevent that.
+  f.mapping_ = std::shared_ptr<const void>(
+      addr, [map_len](const void* p) { ::munmap(const_cast<void*>(p), map_len); });
+  const auto* base = static_cast<const unsigned char*>(addr);
+
+  // ---- header length --------------------------------------------------------
+  const uint64_t n = read_u64_le(base);
+  // Refuse absurd headers before comparing with the file (a cheap DoS guard).
+  if (n > kMaxHeaderBytes)
+    fail_file(path, "header length " + std::to_string(n) + " exceeds the cap of " +
+                        std::to_string(kMaxHeaderBytes) + " bytes");
+  // The header must fit after the prefix: 8 + N <= file size (no overflow: size >= 8).
+  if (n > size - 8)
+    fail_file(path, "header length " + std::to_string(n) + " exceeds the " +
+                        std::to_string(size - 8) + " bytes after the length prefix (file is " +
+                        std::to_string(size) + " bytes)");
+  f.data_start_ = 8 + static_cast<size_t>(n);
+  const size_t data_size = f.file_size_ - f.data_start_;
+
+  // ---- header JSON ----------------------------------------------------------
+  const json header = parse_header(path, reinterpret_cast<const char*>(base + 8), n);
+  // The top level maps tensor names (and __metadata__) to objects.
+  if (!header.is_object())
+    fail_file(path, std::string("header must be a JSON object, got ") + header.type_name());
+
+  for (const auto& [name, value] : header.items()) {
+    if (name == kMetadataKey) {
+      // __metadata__ is a flat string -> string map.
+      if (!value.is_object())
+        fail_file(path, std::string("__metadata__ must be an object of strings, got ") +
+                            value.type_name());
+      for (const auto& [k, v] : value.items()) {
+        if (!v.is_string())
+          fail_file(path, "__metadata__ value for key \"" + k + "\" must be a string, got " +
+                              v.type_name());
+        f.metadata_[k] = v.get<std::string>();
+      }
+      continue;
+    }
+
+    // Each tensor entry is an object with exactly dtype, shape, data_offsets.
+    if (!value.is_object())
+      fail_tensor(path, name, std::string("entry must be an object, got ") + value.type_name());
+    for (const auto& [k, v] : value.items()) {
+      (void)v;
+      if (k != "dtype" && k != "shape" && k != "data_offsets")
+        fail_tensor(path, name,
+                    "unknown key \"" + k + "\" (expected dtype, shape, data_offsets)");
+    }
+    for (const char* required : {"dtype", "shape", "data_offsets"})
+      if (!value.contains(required))
+        fail_tensor(path, name, std::string("missing \"") + required + "\"");
+
+    Entry e{};
+    // dtype: one of the safetensors spellings.
+    const json& jt = value.at("dtype");
+    if (!jt.is_string())
+      fail_tensor(path, name, std::string("dtype must be a string, got ") + jt.type_name());
+    const auto dt = parse_dtype(jt.get<std::string>());
+    if (!dt) fail_tensor(path, name, "unknown dtype \"" + jt.get<std::string>() + "\"");
+    e.dtype = *dt;
+
+    // shape: array of non-negative integers, each representable as int64.
+    const json& js = value.at("shape");
+    if (!js.is_array())
+      fail_tensor(path, name, std::string("shape must be an array of non-negative integers, got ") +
+                                  js.type_name());
+    for (const json& d : js) {
+      uint64_t dim = 0;
+      if (!as_unsigned(d, &dim) ||
+          dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        fail_tensor(path, name, "shape must be an array of non-negative integers, got " + short_dump(js));
+      e.shape.push_back(static_cast<int64_t>(dim));
+    }
+    // Element count: the product of the non-zero dims must fit in int64, so
+    // that shape_numel() (which multiplies in order) can never overflow.
+    uint64_t nonzero_product = 1;
+    bool has_zero = false;
+    for (int64_t d : e.shape) {
+      if (d == 0) {
+        has_zero = true;
+        continue;
+      }
+      if (__builtin_mul_overflow(nonzero_product, static_cast<uint64_t>(d), &nonzero_product) ||
+          nonzero_product > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+        fail_tensor(path, name, "element count of shape " + shape_str(e.shape) + " overflows");
+    }
+    const uint64_t numel = has_zero ? 0 : nonzero_product;
+
+    // data_offsets: exactly [begin, end] with 0 <= begin <= end.
+    const json& jo = value.at("data_offsets");
+    uint64_t begin = 0, end = 0;
+    if (!jo.is_array() || jo.size() != 2 || !as_unsigned(jo[0], &begin) ||
+        !as_unsigned(jo[1], &end))
+      fail_tensor(path, name,
+                  "data_offsets must be an array of exactly two non-negative integers, got " +
+                      short_dump(jo));
+    if (begin > end)
+      fail_tensor(path, name,
+                  "data_offsets begin " + std::to_string(begin) + " > end " + std::to_string(end));
+
+    // The byte range must hold exactly numel elements of dtype (overflow-checked).
+    uint64_t need = 0;
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(e.dtype)), &need) ||
+        need != end - begin)
+      fail_tensor(path, name,
+                  "byte range " + range_str(begin, end) + " holds " + std::to_string(end - begin) +
+                      " bytes but shape " + shape_str(e.shape) + " of " + dtype_name(e.dtype) +
+                      " needs " + std::to_string(numel) + " x " +
+                      std::to_string(dtype_size(e.dtype)) + " bytes");
+    // The range must lie inside the data section.
+    if (end > data_size)
+      fail_tensor(path, name,
+                  "byte range " + range_str(begin, end) + " lies beyond the data section of " +
+                      std::to_string(data_size) + " bytes");
+    e.begin = static_cast<size_t>(begin);
+    e.end = static_cast<size_t>(end);
+    f.index_.emplace(name, std::move(e));
+  }
+
+  // ---- the ranges must tile [0, data_size) exactly ---------------------------
+  // Order by (begin, end, name): a zero-size tensor sorts before a non-empty
+  // one starting at the same offset, and ties are broken deterministically.
+  std::vector<const std::pair<const std::string, Entry>*> order;
+  order.reserve(f.index_.size());
+  for (const auto& kv : f.index_) order.push_back(&kv);
+  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
+    if (a->second.begin != b->second.begin) return a->second.begin < b->second.begin;
+    if (a->second.end != b->second.end) return a->second.end < b->second.end;
+    return a->first < b->first;
+  });
+  size_t expect = 0;                  // where the next tensor must begin
+  const std::string* prev = nullptr;  // the tensor that ended at `expect`
+  for (const auto* kv : order) {
+    const std::string& name = kv->first;
+    const Entry& e = kv->second;
+    // Starting before the previous end means two tensors share bytes.
+    if (e.begin < expect)
+      fail_file(path, "tensors '" + *prev + "' " + range_str(f.index_.at(*prev).begin, expect) +
+                          " and '" + name + "' " + range_str(e.begin, e.end) + " overlap");
+    // Starting after it leaves unaccounted bytes.
+    if (e.begin > expect)
+      fail_file(path, "hole of " + std::to_string(e.begin - expect) + " bytes in the data section " +
+                          range_str(expect, e.begin) +
+                          (prev ? " between '" + *prev + "' and '" + name + "'"
+                                : " before the first tensor '" + name + "'"));
+    expect = e.end;
+    prev = &name;
+    f.names_.push_back(name);
+  }
+  // Bytes after the last tensor belong to nobody (the reference rejects them too).
+  if (expect != data_size)
+    fail_file(path, std::to_string(data_size - expect) + " trailing bytes in the data section" +
+                        (prev ? " after the last tensor '" + *prev + "'"
+                              : std::string(" but the header declares no tensors")) +
+                        " (data section is " + std::to_string(data_size) + " bytes, tensors end at " +
+                        std::to_string(expect) + ")");
+  return f;
+}
+
+Tensor SafetensorsFile::get(const std::string& name) const {
+  const auto it = index_.find(name);
+  if (it == index_.end())
+    throw Error(ErrorCode::kInvalidArgument, "safetensors.get",
+                path_ + ": no tensor named '" + name + "'");
+  const Entry& e = it->second;
+  // The mapping is PROT_READ: the view's pointer is non-const only because
+  // TensorView is shared with writable tensors. Writing through it faults.
+  // safetensors offsets are byte offsets: a tensor whose data is not aligned
+  // for its dtype (possible in files other writers made) is copied to an
+  // aligned buffer, so every consumer may read it through a typed pointer.
+  const char* p = static_cast<const char*>(mapping_.get()) + data_start_ + e.begin;
+  TensorView view(const_cast<char*>(p), e.dtype, e.shape);
+  if (reinterpret_cast<uintptr_t>(p) % dtype_size(e.dtype) != 0) return Tensor::copy_of(view);
+  return Tensor::borrow(mapping_, view);
+}
+
+// ============================================================================
+// Writer
+// ============================================================================
+
+namespace {
+
+[[noreturn]] void fail_arg(const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, "safetensors.write", what);
+}
+
+// Writes all of [p, p + n), retrying on EINTR and short writes.
+bool write_all(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    // Linux caps a single write at ~2 GiB; chunk to stay well under it.
+    const size_t chunk = std::min<size_t>(n, size_t(1) << 30);
+    const ssize_t w = ::write(fd, c, chunk);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    c += w;
+    n -= static_cast<size_t>(w);
+  }
+  return true;
+}
+
+}  // namespace
+
+void SafetensorsWriter::add(const std::string& name, const TensorView& t) {
+  // The reserved key cannot name a tensor.
+  if (name == kMetadataKey) fail_arg("tensor name \"__metadata__\" is reserved");
+  for (const auto& [n, v] : tensors_) {
+    (void)v;
+    if (n == name) fail_arg("duplicate tensor name '" + name + "'");
+  }
+  // The data is copied from host memory at write() time.
+  if (t.device != Device::kCPU)
+    fail_arg("tensor '" + name + "' is on " + device_name(t.device) + ", expected cpu");
+  if (!t.is_contiguous())
+    fail_arg("tensor '" + name + "' of shape " + shape_str(t.shape) + " is not contiguous");
+  // Shapes must be non-negative and their byte size representable.
+  uint64_t numel = 1;
+  for (int64_t d : t.shape) {
+    if (d < 0) fail_arg("tensor '" + name + "' has negative dim in shape " + shape_str(t.shape));
+    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel))
+      fail_arg("tensor '" + name + "' element count of shape " + shape_str(t.shape) + " overflows");
+  }
+  uint64_t bytes = 0;
+  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(t.dtype)), &bytes) ||
+      numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+    fail_arg("tensor '" + name + "' byte size of shape " + shape_str(t.shape) + " overflows");
+  if (bytes > 0 && t.data == nullptr) fail_arg("tensor '" + name + "' has null data");
+  tensors_.emplace_back(name, t);
+}
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) {
+  metadata_[key] = value;
+}
+
+void SafetensorsWriter::write(const std::string& path,
+                              const std::vector<std::string>& forbid) const {
+  // ---- never replace an input, whatever name it is reached by ----------------
+  struct stat out_st {};
+  if (::stat(path.c_str(), &out_st) == 0) {
+    for (const std::string& f : forbid) {
+      struct stat in_st {};
+      if (::stat(f.c_str(), &in_st) != 0) continue;  // absent inputs cannot be overwritten
+      if (in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino)
+        fail_arg("refusing to write over input " + f + " (output path " + path + ")");
+    }
+  }
+
+  // ---- header ----------------------------------------------------------------
+  // ordered_json keeps __metadata__ first and the tensors in file order.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata_.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata_) meta[k] = v;
+    header[kMetadataKey] = std::move(meta);
+  }
+  // Layout order: by element size, largest first (stable: the order added within
+  // a size). The data section starts 8-aligned and every size is a power of two,
+  // so every tensor lands aligned for its dtype and readers may use it in place.
+  std::vector<size_t> order(tensors_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return dtype_size(tensors_[a].second.dtype) > dtype_size(tensors_[b].second.dtype);
+  });
+  uint64_t offset = 0;  // back to back, in layout order
+  for (size_t i : order) {
+    const auto& [name, t] = tensors_[i];
+    const uint64_t bytes = t.nbytes();  // validated non-overflowing in add()
+    header[name] = {{"dtype", dtype_name(t.dtype)},
+                    {"shape", t.shape},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not valid UTF-8
+    fail_arg(path + ": cannot encode header: " + e.what());
+  }
+  // Pad with spaces so the data section starts on an 8-byte boundary.
+  text.append((kDataAlign - (8 + text.size()) % kDataAlign) % kDataAlign, ' ');
+  if (text.size() > kMaxHeaderBytes)
+    fail_arg(path + ": header of " + std::to_string(text.size()) + " bytes exceeds the cap of " +
+             std::to_string(kMaxHeaderBytes) + " bytes");
+  unsigned char prefix[8];
+  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
+
+  // ---- temp file, fsync, rename ------------------------------------------------
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  auto fail_io = [&](const std::string& step, int err, int fd) {
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    throw Error(ErrorCode::kIo, "safetensors.write", path + ": " + step + ": " + errno_str(err));
+  };
+  // O_NOFOLLOW: never write through a symlink planted at the temp name.
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) {
+    const int err = errno;
+    throw Error(ErrorCode::kIo, "safetensors.write",
+                path + ": cannot create " + tmp + ": " + errno_str(err));
+  }
+  if (!write_all(fd, prefix, sizeof prefix) || !write_all(fd, text.data(), text.size()))
+    fail_io("write failed", errno, fd);
+  for (size_t i : order) {
+    const auto& [name, t] = tensors_[i];
+    (void)name;
+    if (t.nbytes() > 0 && !write_all(fd, t.data, t.nbytes())) fail_io("write failed", errno, fd);
+  }
+  if (::fsync(fd) != 0) fail_io("fsync failed", errno, fd);
+  if (::close(fd) != 0) fail_io("close failed", errno, -1);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) fail_io("rename failed", errno, -1);
+
+  // Best effort: persist the rename itself by syncing the directory entry.
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace qhead

@@ -1,0 +1,166 @@
+// Argument checks and the single dispatch point of every op.
+#include "qhead/ops.h"
+
+#include <limits>
+#include <string>
+
+#include "ops/ops_ref.h"
+#include "qhead/error.h"
+
+namespace qhead {
+
+namespace {
+
+[[noreturn]] void fail(const char* op, const std::string& what) {
+  throw Error(ErrorCode::kInvalidArgument, op, what);
+}
+
+void check_table(const Table& t, const char* op) {
+  if (t.vocab() == 0 && t.hidden() == 0) fail(op, "table is empty (default-constructed)");
+  if (t.vocab() > std::numeric_limits<int32_t>::max())
+    fail(op, "vocab " + std::to_string(t.vocab()) + " exceeds the I32 id range");
+}
+
+void check_cpu(const TensorView& v, const char* op, const char* name) {
+  if (v.device != Device::kCPU) fail(op, std::string(name) + " must be on the CPU");
+  check_contiguous(v, op, name);
+  if (v.numel() > 0 && v.data == nullptr) fail(op, std::string(name) + " has no data");
+}
+
+void check_x(const Table& t, const TensorView& x, const char* op) {
+  check_cpu(x, op, "x");
+  check_dims(x, 2, op, "x");
+  if (!is_float_dtype(x.dtype)) fail(op, std::string("x must be F32/F16/BF16, got ") + dtype_name(x.dtype));
+  if (x.size(1) != t.hidden())
+    fail(op, "x has shape " + shape_str(x.shape) + " but the table is [" + std::to_string(t.vocab()) + ", " +
+                 std::to_string(t.hidden()) + "]: x's last dim must equal H");
+}
+
+void check_out(const TensorView& out, DType dtype, const Shape& shape, const char* op, const char* name) {
+  check_cpu(out, op, name);
+  if (out.dtype != dtype) fail(op, std::string(name) + " must be " + dtype_name(dtype) + ", got " + dtype_name(out.dtype));
+  if (out.shape != shape)
+    fail(op, std::string(name) + " must have shape " + shape_str(shape) + ", got " + shape_str(out.shape));
+}
+
+// Every id in [0, v); throws naming the first bad one.
+void check_ids(const TensorView& ids, int64_t v, const char* op, const char* name) {
+  check_cpu(ids, op, name);
+  if (ids.dtype != DType::kI32 && ids.dtype != DType::kI64)
+    fail(op, std::string(name) + " must be I32 or I64, got " + dtype_name(ids.dtype));
+  const int64_t n = ids.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = ref::id_at(ids, i);
+    if (id < 0 || id >= v)
+      fail(op, std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(id) +
+                   " is out of range for a vocab of " + std::to_string(v));
+  }
+}
+
+}  // namespace
+
+void embed(const Table& table, const TensorView& ids, const TensorView& out, Backend backend) {
+  const char* op = "embed";
+  check_table(table, op);
+  check_dims(ids, 1, op, "ids");
+  check_ids(ids, table.vocab(), op, "ids");
+  check_cpu(out, op, "out");
+  if (!is_float_dtype(out.dtype)) fail(op, std::string("out must be F32/F16/BF16, got ") + dtype_name(out.dtype));
+  if (out.shape != Shape{ids.size(0), table.hidden()})
+    fail(op, "out must have shape " + shape_str({ids.size(0), table.hidden()}) + ", got " + shape_str(out.shape));
+  switch (backend) {
+    case Backend::kAuto:
+    case Backend::kReference:
+    case Backend::kFallbackBlas:  // a gather has no BLAS form
+      ref::embed(table, ids, out);
+      return;
+  }
+}
+
+Tensor embed(const Table& table, const TensorView& ids, DType out_dtype) {
+  check_dims(ids, 1, "embed", "ids");
+  Tensor out = Tensor::empty(out_dtype, {ids.size(0), table.hidden()});
+  embed(table, ids, out.view());
+  return out;
+}
+
+void logits(const Table& table, const TensorView& x, const TensorView& out, Backend backend) {
+  const char* op = "logits";
+  check_table(table, op);
+  check_x(table, x, op);
+  check_out(out, DType::kF32, {x.size(0), table.vocab()}, op, "out");
+  switch (backend) {
+    case Backend::kFallbackBlas:
+      blas::logits_fallback(table, x, out);
+      return;
+    case Backend::kAuto:
+    case Backend::kReference:
+      ref::logits(table, x, out);
+      return;
+  }
+}
+
+Tensor logits(const Table& table, const TensorView& x) {
+  check_dims(x, 2, "logits", "x");
+  Tensor out = Tensor::empty(DType::kF32, {x.size(0), table.vocab()});
+  logits(table, x, out.view());
+  return out;
+}
+
+void logits_fallback(const Table& table, const TensorView& x, const TensorView& out) {
+  logits(table, x, out, Backend::kFallbackBlas);
+}
+
+void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values,
+          const TensorView& ids, const TensorView& lse, Backend backend) {
+  const char* op = "topk";
+  check_table(table, op);
+  check_x(table, x, op);
+  if (k < 1 || k > table.vocab())
+    fail(op, "k = " + std::to_string(k) + " must be in [1, V = " + std::to_string(table.vocab()) + "]");
+  const int64_t m = x.size(0);
+  check_out(values, DType::kF32, {m, k}, op, "values");
+  check_out(ids, DType::kI32, {m, k}, op, "ids");
+  check_out(lse, DType::kF32, {m}, op, "logsumexp");
+  switch (backend) {
+    case Backend::kAuto:
+    case Backend::kReference:
+    case Backend::kFallbackBlas:
+      ref::topk(table, x, k, values, ids, lse);
+      return;
+  }
+}
+
+TopK topk(const Table& table, const TensorView& x, int64_t k) {
+  check_dims(x, 2, "topk", "x");
+  const int64_t m = x.size(0);
+  if (k < 1 || k > table.vocab())
+    fail("topk", "k = " + std::to_string(k) + " must be in [1, V = " + std::to_string(table.vocab()) + "]");
+  TopK r{Tensor::empty(DType::kF32, {m, k}), Tensor::empty(DType::kI32, {m, k}), Tensor::empty(DType::kF32, {m})};
+  topk(table, x, k, r.values.view(), r.ids.view(), r.logsumexp.view());
+  return r;
+}
+
+void rescore(const Table& dense, const TensorView& x, const TensorView& candidates, const TensorView& values,
+             const TensorView& ids) {
+  const char* op = "rescore";
+  check_table(dense, op);
+  if (dense.is_packed()) fail(op, "rescore needs the full-precision (dense) table, got a packed one");
+  check_x(dense, x, op);
+  check_dims(candidates, 2, op, "candidates");
+  if (candidates.size(0) != x.size(0))
+    fail(op, "candidates " + shape_str(candidates.shape) + " and x " + shape_str(x.shape) + " disagree on M");
+  check_ids(candidates, dense.vocab(), op, "candidates");
+  check_out(values, DType::kF32, candidates.shape, op, "values");
+  check_out(ids, DType::kI32, candidates.shape, op, "ids");
+  ref::rescore(dense, x, candidates, values, ids);
+}
+
+Rescored rescore(const Table& dense, const TensorView& x, const TensorView& candidates) {
+  check_dims(candidates, 2, "rescore", "candidates");
+  Rescored r{Tensor::empty(DType::kF32, candidates.shape), Tensor::empty(DType::kI32, candidates.shape)};
+  rescore(dense, x, candidates, r.values.view(), r.ids.view());
+  return r;
+}
+
+}  // namespace qhead

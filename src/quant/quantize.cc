@@ -1,0 +1,143 @@
+#include "qhead/quantize.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+#include "qhead/error.h"
+#include "qhead/parallel.h"
+
+namespace qhead {
+
+namespace {
+
+// torch's dtype promotion for a binary op on two float dtypes.
+DType promote(DType a, DType b) { return a == b ? a : DType::kF32; }
+
+float eps_of(DType t) {
+  switch (t) {
+    case DType::kF16: return 0.0009765625f;   // 2^-10
+    case DType::kBF16: return 0.0078125f;     // 2^-7
+    default: return 1.1920928955078125e-7f;   // 2^-23
+  }
+}
+
+// Round half to even, independent of the current rounding mode.
+float round_even(float v) {
+  const float r = std::round(v);  // half away from zero
+  if (std::fabs(v - std::trunc(v)) == 0.5f) return 2.0f * std::round(v / 2.0f);
+  return r;
+}
+
+}  // namespace
+
+PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int threads,
+                         const std::string& name) {
+  const char* op = "quantize_rtn";
+  scheme.validate();
+  check_dims(dense, 2, op, name.c_str());
+  check_contiguous(dense, op, name.c_str());
+  if (dense.device != Device::kCPU)
+    throw Error(ErrorCode::kUnsupported, op, name + ": only CPU tables can be quantized");
+  if (!is_float_dtype(dense.dtype))
+    throw Error(ErrorCode::kInvalidArgument, op,
+                name + ": table must be F32/F16/BF16, got " + dtype_name(dense.dtype));
+  const int64_t v = dense.size(0), h = dense.size(1);
+  scheme.check_hidden(h, op, name);
+
+  const DType xt = dense.dtype, st = scheme.scale_dtype, pt = promote(xt, st);
+  const int64_t g = scheme.groups(h), gl = scheme.group_len(h);
+  const float qmin = static_cast<float>(scheme.qmin()), qmax = static_cast<float>(scheme.qmax());
+  const float range = static_cast<float>((1 << scheme.bits) - 1);
+  const float half_range = range / 2.0f;  // exact in f16/bf16 for bits <= 8
+
+  PackedTable out;
+  out.scheme = scheme;
+  out.vocab = v;
+  out.hidden = h;
+  out.packed = Tensor::empty(DType::kI32, {v, scheme.packed_cols(h)});
+  out.scale = Tensor::empty(st, {v, g});
+  std::vector<int8_t> zps;
+  if (!scheme.symmetric) zps.assign(static_cast<size_t>(v * g), 0);
+
+  std::atomic<int64_t> bad_row{-1};
+  parallel_for(v, 64, [&](int64_t rb, int64_t re) {
+    std::vector<float> x(static_cast<size_t>(h));
+    std::vector<int8_t> q(static_cast<size_t>(h));
+    for (int64_t r = rb; r < re; ++r) {
+      convert(static_cast<const char*>(dense.data) + r * h * dtype_size(xt), xt, x.data(), DType::kF32, h);
+      for (int64_t k = 0; k < g; ++k) {
+        const float* xg = x.data() + k * gl;
+        float mn = 0.0f, mx = 0.0f;
+        for (int64_t j = 0; j < gl; ++j) {
+          if (!std::isfinite(xg[j])) {
+            int64_t expected = -1;
+            bad_row.compare_exchange_strong(expected, r);
+          }
+          mn = std::min(mn, xg[j]);
+          mx = std::max(mx, xg[j]);
+        }
+        float s, zf = 0.0f;
+        if (scheme.symmetric) {
+          s = round_through(std::max(std::fabs(mn), std::fabs(mx)) / half_range, xt);
+        } else {
+          s = round_through(round_through(mx - mn, xt) / range, xt);
+          zf = round_through(qmin - round_through(mn / s, xt), xt);
+          zf = std::clamp(zf, qmin, qmax);  // NaN (0/0 on an all-zero group) handled below
+        }
+        s = round_through(s, st);
+        if (s == 0.0f) s = eps_of(st);
+        int z = 0;
+        if (!scheme.symmetric) {
+          z = std::isnan(zf) ? scheme.qmin() : static_cast<int>(round_even(zf));
+          zps[static_cast<size_t>(r * g + k)] = static_cast<int8_t>(z);
+        }
+        store_from_f32(out.scale.data(), st, r * g + k, s);
+        for (int64_t j = 0; j < gl; ++j) {
+          float t = round_through(xg[j] / s, pt);
+          if (!scheme.symmetric) t = round_through(t + static_cast<float>(z), pt);
+          q[static_cast<size_t>(k * gl + j)] = static_cast<int8_t>(round_even(std::clamp(t, qmin, qmax)));
+        }
+      }
+      pack_codes(q.data(), h, scheme.bits, out.packed.ptr<int32_t>() + r * scheme.packed_cols(h));
+    }
+  }, threads);
+  if (bad_row.load() >= 0)
+    throw Error(ErrorCode::kInvalidArgument, op,
+                name + ": row " + std::to_string(bad_row.load()) + " holds a NaN or Inf; cannot quantize");
+  if (!scheme.symmetric) {
+    out.zero_point = Tensor::empty(DType::kI32, {(v * scheme.bits + 31) / 32, g});
+    pack_zero_points(zps.data(), v, g, scheme.bits, out.zero_point.ptr<int32_t>());
+  }
+  return out;
+}
+
+Table quantize_table(const Table& dense, const QuantScheme& scheme, int threads, const std::string& name) {
+  return Table::packed(quantize_rtn(dense.dense().view(), scheme, threads, name), name);
+}
+
+TokenTables quantize_roles(const Table& embedding, const Table* head,
+                           const std::optional<QuantScheme>& embedding_scheme,
+                           const std::optional<QuantScheme>& head_scheme, int threads) {
+  TokenTables out;
+  if (head == nullptr || head->same_storage(embedding)) {
+    if (embedding_scheme && head_scheme && !(*embedding_scheme == *head_scheme))
+      throw Error(ErrorCode::kInvalidArgument, "quantize_roles",
+                  "tied table: embedding scheme " + embedding_scheme->name() + " and head scheme " +
+                      head_scheme->name() + " differ, but a tied table is stored once with one scheme");
+    const auto& s = embedding_scheme ? embedding_scheme : head_scheme;
+    Table t = (s && !embedding.is_packed()) ? quantize_table(embedding, *s, threads, "tied embedding/lm_head")
+                                            : embedding;
+    out.embedding = t;
+    out.head = t;
+    return out;
+  }
+  out.embedding = (embedding_scheme && !embedding.is_packed())
+                      ? quantize_table(embedding, *embedding_scheme, threads, "embedding")
+                      : embedding;
+  out.head = (head_scheme && !head->is_packed()) ? quantize_table(*head, *head_scheme, threads, "lm_head") : *head;
+  return out;
+}
+
+}  // namespace qhead

@@ -1,0 +1,226 @@
+// Shared helpers of the unit tests: seeded random tables and activations, an
+// independent dequantizer, the float64 oracle of a dot product with its
+// rounding-error bound, NaN poisoning, and an error-code matcher.
+//
+// Everything here is deliberately independent of the code under test where
+// it can be: the dequantizer reads codes with its own bit arithmetic, and the
+// oracle accumulates in double.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "qhead/dtype.h"
+#include "qhead/error.h"
+#include "qhead/scheme.h"
+#include "qhead/table.h"
+#include "qhead/tensor.h"
+
+namespace qhead::testing {
+
+using Rng = std::mt19937_64;
+
+// Unit roundoff u = 2^-p of a float dtype with p significant bits: the
+// largest relative error of one round-to-nearest into that dtype.
+inline double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::kF16: return std::ldexp(1.0, -11);
+    case DType::kBF16: return std::ldexp(1.0, -8);
+    default: return std::ldexp(1.0, -24);
+  }
+}
+constexpr double kU32 = 5.9604644775390625e-08;   // 2^-24
+constexpr double kU64 = 1.1102230246251565e-16;   // 2^-53
+
+// Higham's γ_n = n·u / (1 - n·u): |fl(Σ_j a_j b_j) - Σ_j a_j b_j| <= γ_n Σ_j |a_j b_j|
+// for any summation order (recursive, pairwise, blocked, with or without FMA).
+inline double gamma_n(int64_t n, double u) {
+  const double nu = static_cast<double>(n) * u;
+  return nu / (1.0 - nu);
+}
+
+inline const char* name_of(DType t) { return dtype_name(t); }
+
+// ---- random data --------------------------------------------------------------
+
+// A contiguous [rows, cols] tensor of dtype t with values uniform in [lo, hi),
+// rounded into t. Seeded; never all zeros.
+inline Tensor random_tensor(DType t, int64_t rows, int64_t cols, uint64_t seed, double lo = -1.0,
+                            double hi = 1.0) {
+  Tensor out = Tensor::empty(t, {rows, cols});
+  Rng rng(seed);
+  std::uniform_real_distribution<float> dist(static_cast<float>(lo), static_cast<float>(hi));
+  const int64_t n = rows * cols;
+  for (int64_t i = 0; i < n; ++i) store_from_f32(out.data(), t, i, dist(rng));
+  return out;
+}
+
+// All elements of a float tensor as f32 (exact: f16/bf16 widen exactly).
+inline std::vector<float> to_f32(const TensorView& v) {
+  std::vector<float> out(static_cast<size_t>(v.numel()));
+  for (int64_t i = 0; i < v.numel(); ++i) out[static_cast<size_t>(i)] = load_as_f32(v.data, v.dtype, i);
+  return out;
+}
+
+// A random packed table built directly from random codes, scales and zero
+// points (every bit pattern of a code is a valid code, so this covers the
+// whole code range). Scales are positive, in [2^-6, 2^-4), rounded into the
+// scale dtype; they are normal numbers in every scale dtype. Padding bits of
+// the last word of a row are zero, as pack_codes writes them.
+inline PackedTable random_packed(int64_t v, int64_t h, const QuantScheme& s, uint64_t seed) {
+  PackedTable p;
+  p.scheme = s;
+  p.vocab = v;
+  p.hidden = h;
+  const int64_t cols = s.packed_cols(h), g = s.groups(h);
+  p.packed = Tensor::empty(DType::kI32, {v, cols});
+  p.scale = Tensor::empty(s.scale_dtype, {v, g});
+  Rng rng(seed);
+  auto* w = p.packed.ptr<uint32_t>();
+  const int64_t tail_bits = (h * s.bits) % 32;
+  const uint32_t tail_mask = tail_bits == 0 ? 0xffffffffu : ((1u << tail_bits) - 1u);
+  for (int64_t r = 0; r < v; ++r) {
+    for (int64_t c = 0; c < cols; ++c) w[r * cols + c] = static_cast<uint32_t>(rng());
+    w[r * cols + cols - 1] &= tail_mask;
+  }
+  std::uniform_real_distribution<float> sd(1.0f / 64, 1.0f / 16);
+  for (int64_t i = 0; i < v * g; ++i) store_from_f32(p.scale.data(), s.scale_dtype, i, sd(rng));
+  if (!s.symmetric) {
+    std::vector<int8_t> z(static_cast<size_t>(v * g));
+    std::uniform_int_distribution<int> zd(s.qmin(), s.qmax());
+    for (auto& zi : z) zi = static_cast<int8_t>(zd(rng));
+    p.zero_point = Tensor::empty(DType::kI32, {(v * s.bits + 31) / 32, g});
+    pack_zero_points(z.data(), v, g, s.bits, p.zero_point.ptr<int32_t>());
+  }
+  return p;
+}
+
+// ---- an independent dequantizer -------------------------------------------------
+
+// Stored code i (0 .. 2^b - 1) of a bit stream whose consecutive 32-bit words
+// are `stride` words apart, read bit by bit (no shared code with the library).
+inline uint32_t stream_code(const int32_t* words, int64_t i, int bits, int64_t stride = 1) {
+  uint32_t code = 0;
+  for (int b = 0; b < bits; ++b) {
+    const int64_t bit = i * bits + b;
+    const uint32_t word = static_cast<uint32_t>(words[(bit / 32) * stride]);
+    code |= ((word >> (bit % 32)) & 1u) << b;
+  }
+  return code;
+}
+
+// Row v of a packed table, dequantized as the library contract says:
+// w = (q - z) · s. (q - z) is an integer of at most 9 bits and s has at most
+// 24 significant bits, so the double product is exact; rounding it once to
+// f32 gives exactly what a correctly rounded f32 multiply gives.
+inline void dequant_row_expected(const PackedTable& p, int64_t v, double* out) {
+  const QuantScheme& s = p.scheme;
+  const int64_t cols = s.packed_cols(p.hidden), g = s.groups(p.hidden), gl = s.group_len(p.hidden);
+  const int32_t* row = p.packed.ptr<int32_t>() + v * cols;
+  for (int64_t k = 0; k < g; ++k) {
+    const double sc = load_as_f32(p.scale.data(), p.scale.dtype(), v * g + k);
+    int z = 0;
+    if (!s.symmetric)
+      z = static_cast<int>(stream_code(p.zero_point.ptr<int32_t>() + k, v, s.bits, g)) - s.offset();
+    for (int64_t j = k * gl; j < (k + 1) * gl; ++j) {
+      const int q = static_cast<int>(stream_code(row, j, s.bits)) - s.offset();
+      out[j] = static_cast<double>(q - z) * sc;
+    }
+  }
+}
+
+// ---- the float64 oracle ------------------------------------------------------------
+
+// A row dot product in double plus Σ|a_j b_j|, the quantity error bounds scale with.
+struct Dot {
+  double value = 0.0;
+  double abs_sum = 0.0;
+};
+inline Dot dot_f64(const float* a, const float* b, int64_t n) {
+  // Four partial sums only to keep the oracle fast; its own error is covered
+  // by the γ_n(2^-53) term of logit_tol().
+  double s[4] = {0, 0, 0, 0}, t[4] = {0, 0, 0, 0};
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4)
+    for (int l = 0; l < 4; ++l) {
+      const double p = static_cast<double>(a[j + l]) * static_cast<double>(b[j + l]);
+      s[l] += p;
+      t[l] += std::fabs(p);
+    }
+  for (; j < n; ++j) {
+    const double p = static_cast<double>(a[j]) * static_cast<double>(b[j]);
+    s[0] += p;
+    t[0] += std::fabs(p);
+  }
+  return {(s[0] + s[1]) + (s[2] + s[3]), (t[0] + t[1]) + (t[2] + t[3])};
+}
+
+// Bound on |computed f32 dot - oracle| for a length-h dot product:
+//   f32 accumulation (any order):   γ_h(2^-24) · Σ|x_j w_j|
+//   the oracle's own double error:  γ_h(2^-53) · Σ|x_j w_j|  (≈ 1e-13 relative; listed for honesty)
+// The products x_j·w_j are of f32 inputs, so the oracle sees the same operands
+// as the code under test; nothing else enters.
+inline double logit_tol(const Dot& d, int64_t h) {
+  return (gamma_n(h, kU32) + gamma_n(h + 4, kU64)) * d.abs_sum;
+}
+
+// Dense f32 copy of every row of a table, via Table::row_f32.
+inline std::vector<float> table_rows_f32(const Table& t) {
+  std::vector<float> w(static_cast<size_t>(t.vocab() * t.hidden()));
+  for (int64_t v = 0; v < t.vocab(); ++v) t.row_f32(v, w.data() + v * t.hidden());
+  return w;
+}
+
+// ---- poisoning ---------------------------------------------------------------------------
+
+// Fills a float tensor with quiet NaN and an integer one with `int_poison`
+// (a value no op may write, e.g. -1 for ids).
+inline void poison(const TensorView& v, int64_t int_poison = std::numeric_limits<int32_t>::min()) {
+  const int64_t n = v.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    switch (v.dtype) {
+      case DType::kF32: v.ptr<float>()[i] = std::numeric_limits<float>::quiet_NaN(); break;
+      case DType::kF16: v.ptr<uint16_t>()[i] = 0x7e00; break;
+      case DType::kBF16: v.ptr<uint16_t>()[i] = 0x7fc0; break;
+      case DType::kI32: v.ptr<int32_t>()[i] = static_cast<int32_t>(int_poison); break;
+      case DType::kI64: v.ptr<int64_t>()[i] = int_poison; break;
+      default: FAIL() << "poison: unsupported dtype";
+    }
+  }
+}
+
+// Number of NaN elements left in a float tensor.
+inline int64_t count_nan(const TensorView& v) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < v.numel(); ++i) n += std::isnan(load_as_f32(v.data, v.dtype, i)) ? 1 : 0;
+  return n;
+}
+
+// ---- errors --------------------------------------------------------------------------------
+
+// Runs fn, expects qhead::Error with `code`, returns its message ("" if it did
+// not throw or threw something else — the EXPECTs record the failure).
+inline std::string expect_error(const std::function<void()>& fn, ErrorCode code) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    EXPECT_EQ(static_cast<int>(e.code()), static_cast<int>(code))
+        << "wrong error code (" << to_string(e.code()) << "), message: " << e.what();
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw a non-qhead exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "did not throw";
+  return "";
+}
+
+}  // namespace qhead::testing
