@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs qhead's build and test dependencies from Debian's packages.
+# Safe to run repeatedly; skips apt-get when everything is already present.
+set -euo pipefail
+pkgs=(cmake g++ make pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
