@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "qhead/table.h"
 #include "qhead/tensor.h"
@@ -58,5 +59,23 @@ struct Rescored {
   Tensor ids;
 };
 Rescored rescore(const Table& dense, const TensorView& x, const TensorView& candidates);
+
+// ---- CPU fast paths (src/ops/cpu/) -------------------------------------------
+// kAuto runs the fused CPU kernels of the best ISA this CPU has (CPUID, run
+// time) for packed 4- and 8-bit tables whose H and group length are
+// multiples of 32; everything else runs the reference.
+enum class CpuIsa { kAuto, kReference, kAvx2, kAvx512 };
+const char* cpu_isa_name(CpuIsa isa);  // "auto", "reference", "avx2", "avx512"
+// The paths this build and CPU can run (kReference always).
+std::vector<CpuIsa> available_cpu_isas();
+// Forces the path kAuto takes, process-wide (tests, benchmarks); kAuto
+// restores the default. Throws Error(kUnsupported) for an ISA this CPU lacks.
+void set_cpu_isa(CpuIsa isa);
+CpuIsa active_cpu_isa();  // what kAuto runs now
+// Worker threads of the CPU fast paths (the caller included), kept in a pool
+// created once; n <= 0: default_num_threads(). Call it between ops, not
+// during one.
+void set_num_threads(int n);
+int num_threads();
 
 }  // namespace qhead

@@ -4,6 +4,7 @@
 #include <limits>
 #include <string>
 
+#include "ops/cpu/cpu_ops.h"
 #include "ops/ops_ref.h"
 #include "qhead/error.h"
 
@@ -70,6 +71,8 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out, Bac
     fail(op, "out must have shape " + shape_str({ids.size(0), table.hidden()}) + ", got " + shape_str(out.shape));
   switch (backend) {
     case Backend::kAuto:
+      if (cpu::embed(table, ids, out)) return;
+      [[fallthrough]];
     case Backend::kReference:
     case Backend::kFallbackBlas:  // a gather has no BLAS form
       ref::embed(table, ids, out);
@@ -94,6 +97,8 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
       blas::logits_fallback(table, x, out);
       return;
     case Backend::kAuto:
+      if (cpu::logits(table, x, out)) return;
+      [[fallthrough]];
     case Backend::kReference:
       ref::logits(table, x, out);
       return;
@@ -124,6 +129,8 @@ void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   check_out(lse, DType::kF32, {m}, op, "logsumexp");
   switch (backend) {
     case Backend::kAuto:
+      if (cpu::topk(table, x, k, values, ids, lse)) return;
+      [[fallthrough]];
     case Backend::kReference:
     case Backend::kFallbackBlas:
       ref::topk(table, x, k, values, ids, lse);
@@ -153,6 +160,7 @@ void rescore(const Table& dense, const TensorView& x, const TensorView& candidat
   check_ids(candidates, dense.vocab(), op, "candidates");
   check_out(values, DType::kF32, candidates.shape, op, "values");
   check_out(ids, DType::kI32, candidates.shape, op, "ids");
+  if (cpu::rescore(dense, x, candidates, values, ids)) return;
   ref::rescore(dense, x, candidates, values, ids);
 }
 

@@ -1,0 +1,68 @@
+// The CPU fast-path kernels (internal): one source, kernels_impl.h, compiled
+// once per ISA (kernels_avx2.cc, kernels_avx512.cc, each with its own compile
+// flags and its own namespace), chosen at run time by cpu_ops.cc from CPUID.
+//
+// The kernels take raw pointers and plain structs only. Nothing here is a
+// template or an inline function shared with other translation units: an
+// inline function instantiated in an AVX-512 TU may be the copy the linker
+// keeps for every TU, and then a CPU without AVX-512 would run it. So the ISA
+// TUs use no std containers or algorithms on shared types, and no inline
+// helpers from qhead's public headers; allocation, sorting and merging stay
+// in cpu_ops.cc, which is compiled without ISA flags.
+#pragma once
+
+#include <cstdint>
+
+namespace qhead::cpu {
+
+// A packed table as the kernels see it (see qhead/table.h for the layout).
+struct PackedArgs {
+  const uint8_t* packed = nullptr;  // weight_packed bytes, row r at packed + r * row_bytes
+  int64_t row_bytes = 0;            // 4 * ceil(H * bits / 32)
+  const void* scale = nullptr;      // weight_scale [V, G], dtype `scale_kind`
+  int scale_kind = 0;               // 0: F32, 1: F16, 2: BF16
+  const int32_t* zero_point = nullptr;  // I32 [ceil(V * bits / 32), G] packed along V; null: symmetric
+  int bits = 4;                     // 4 or 8 (the kernels take nothing else)
+  int64_t vocab = 0;                // V
+  int64_t hidden = 0;               // H, a multiple of 32
+  int64_t groups = 1;               // G (1 per row)
+  int64_t group_len = 0;            // H / G, a multiple of 32
+};
+
+// The rows a logits kernel call handles at most (the scratch it needs is
+// sized by this): cpu_ops.cc splits the vocab into blocks of this many rows.
+constexpr int64_t kBlockRows = 64;
+
+// One ISA's kernels.
+struct KernelTable {
+  const char* name;  // "avx2", "avx512"
+  // Elements per 4-bit chunk (two vectors): the activations of 4-bit tables
+  // are permuted per chunk to match the nibble order, see permute_x_4bit().
+  int chunk4;
+
+  // out[m * ldo + (r - r0)] = Σ_j x[m, j] · w[r, j] for r in [r0, r1), m in
+  // [0, M). r1 - r0 <= kBlockRows. xp: the activations as f32 [M, H] (row
+  // stride H), permuted per chunk for 4-bit tables. scratch: at least
+  // 2 * kBlockRows * G floats. Each (r, m) result depends only on the ISA, not
+  // on the block split or the thread that computes it.
+  void (*logits_block)(const PackedArgs& a, const float* xp, int64_t m, int64_t r0, int64_t r1,
+                       float* out, int64_t ldo, float* scratch);
+  // Row r dequantized into out[H] (natural order), exactly as the reference:
+  // w = float(q - z) * s.
+  void (*dequant_row)(const PackedArgs& a, int64_t r, float* out);
+  // max_i l[i] (n >= 1).
+  float (*max)(const float* l, int64_t n);
+  // Σ_i exp(l[i] - mx) with a vectorized exp (|rel. error| < 4e-7 per term),
+  // accumulated in f32 lanes; for l[i] <= mx.
+  double (*sum_exp)(const float* l, int64_t n, float mx);
+  // Σ_j x[j] · row[j] in f32, row of dtype kind 0 F32 / 1 F16 / 2 BF16.
+  float (*dot_dense)(const float* x, const void* row, int kind, int64_t h);
+};
+
+// Each ISA's table, defined in its TU (a constant: taking its address runs
+// no code compiled for that ISA). Present when the build defines
+// QHEAD_HAVE_X86_KERNELS (x86-64 with a compiler that takes the flags).
+namespace avx2 { extern const KernelTable kTable; }
+namespace avx512 { extern const KernelTable kTable; }
+
+}  // namespace qhead::cpu

@@ -1,0 +1,458 @@
+// The CPU kernels, written once and compiled per ISA: kernels_avx2.cc defines
+// QHEAD_ISA_AVX2 (8 f32 lanes, -mavx2 -mfma -mf16c), kernels_avx512.cc defines
+// QHEAD_ISA_AVX512 (16 lanes, + -mavx512f/bw/vl/dq). Everything is in an
+// anonymous namespace inside qhead::cpu::QHEAD_ISA_NS, so the two copies
+// never share a symbol (see kernels.h for why that matters).
+//
+// The fused logits kernel, per vocab row r and activation row m:
+//
+//   logit[m, r] = Σ_g Σ_{j in group g} x[m, j] · w[r, j],   w = float(q - z) · s
+//
+// w is computed exactly as the reference computes it (the integer q - z is
+// exact in f32, then ONE rounding of the product by the f32 scale), so the
+// kernel's operands are the reference's and the only difference is the
+// summation order: the f32 bound γ_H Σ|x·w| of the tests holds for any order.
+// (The cheaper "Σ q·x, then · s per group, minus z·Σx" trick is NOT used: it
+// changes the operands and can cancel catastrophically.)
+//
+// How w is produced from the packed bytes, per ISA and bit width:
+//   AVX-512, 4-bit: 16 bytes → 32 codes. vpmovzxbd widens the bytes to 16
+//     dwords; byte i holds code 2i (low nibble) and 2i+1 (high nibble).
+//     vpermps looks up only the low 4 bits of each index, so
+//     permutexvar(bytes, T) and permutexvar(bytes >> 4, T) dequantize the even
+//     and the odd codes against a per-group 16-entry table
+//     T[c] = float(c - zc) · s (zc = stored zero point, or 2^(b-1) when
+//     symmetric) built once per group: 4 vector ops per 32 weights.
+//     The activations are permuted to match (x[2i] then x[2i+1] per 32-chunk)
+//     once per call, instead of reordering the weights (DESIGN decision 1:
+//     the checkpoint's packed bytes are used as they are).
+//   AVX2, 4-bit: 8 bytes → 16 codes, mask/shift, subtract zc, convert,
+//     multiply by s (vpermps has only 8 entries at 256 bits).
+//   8-bit: widen, subtract zc, convert, multiply.
+//
+// Blocking: a call handles up to kBlockRows vocab rows. For each block of MB
+// activation rows (8, 4, 2 or 1) it walks the rows in tiles of RT, keeping
+// RT × MB vector accumulators in registers: each dequantized chunk of a row
+// is used for MB FMAs, each activation vector for RT. The packed block (≤ 64
+// rows) stays in L1/L2 across the activation blocks, so the table is read
+// from memory once per call for any M.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "ops/cpu/kernels.h"
+
+#if !defined(QHEAD_ISA_NS)
+#error "define QHEAD_ISA_NS (and QHEAD_ISA_AVX2 or QHEAD_ISA_AVX512) before including kernels_impl.h"
+#endif
+
+namespace qhead::cpu::QHEAD_ISA_NS {
+namespace {
+
+#define QHEAD_UNROLL _Pragma("GCC unroll 16")
+
+// ---- vector primitives --------------------------------------------------------
+
+#if defined(QHEAD_ISA_AVX512)
+using VF = __m512;
+using VI = __m512i;
+constexpr int W = 16;  // f32 lanes
+inline VF vzero() { return _mm512_setzero_ps(); }
+inline VF vset(float v) { return _mm512_set1_ps(v); }
+inline VF vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, VF v) { _mm512_storeu_ps(p, v); }
+inline VF vfma(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VF vmul(VF a, VF b) { return _mm512_mul_ps(a, b); }
+inline VF vadd(VF a, VF b) { return _mm512_add_ps(a, b); }
+inline VF vsub(VF a, VF b) { return _mm512_sub_ps(a, b); }
+inline VF vmax(VF a, VF b) { return _mm512_max_ps(a, b); }
+inline float vsum(VF a) { return _mm512_reduce_add_ps(a); }
+inline float vhmax(VF a) { return _mm512_reduce_max_ps(a); }
+inline VF vcvt(VI a) { return _mm512_cvtepi32_ps(a); }
+inline VI vset_i(int v) { return _mm512_set1_epi32(v); }
+inline VI vsub_i(VI a, VI b) { return _mm512_sub_epi32(a, b); }
+// W bytes widened to W dwords.
+inline VI widen_bytes(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+// W f16 / bf16 values to f32.
+inline VF load_f16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))); }
+inline VF load_bf16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+// exp(x) for x <= 0 (Cephes expf polynomial; < 2 ulp on [-87, 0]).
+inline VF vexp(VF x) {
+  x = _mm512_max_ps(x, vset(-87.0f));
+  const VF n = _mm512_roundscale_ps(vmul(x, vset(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  VF r = _mm512_fnmadd_ps(n, vset(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, vset(-2.12194440e-4f), r);
+  VF p = vset(1.9875691500e-4f);
+  p = vfma(p, r, vset(1.3981999507e-3f));
+  p = vfma(p, r, vset(8.3334519073e-3f));
+  p = vfma(p, r, vset(4.1665795894e-2f));
+  p = vfma(p, r, vset(1.6666665459e-1f));
+  p = vfma(p, r, vset(5.0000001201e-1f));
+  p = vfma(vmul(p, r), r, _mm512_add_ps(r, vset(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+// Lanes [0, n) of p (n < W), the others `fill`.
+inline VF vload_partial(const float* p, int64_t n, float fill) {
+  const __mmask16 k = static_cast<__mmask16>((1u << n) - 1u);
+  return _mm512_mask_loadu_ps(vset(fill), k, p);
+}
+// Dequantizers: setup(s, zc) once per group, unpack(p, w) per chunk of CE
+// weights (BYTES packed bytes) into NV vectors, in the chunk's lane order.
+struct Deq4 {
+  static constexpr int NV = 2, CE = 32, BYTES = 16;
+  VF tbl;
+  void setup(float s, int zc) {
+    const VF iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    tbl = vmul(_mm512_sub_ps(iota, vset(static_cast<float>(zc))), vset(s));
+  }
+  void unpack(const uint8_t* p, VF* w) const {
+    const VI v = widen_bytes(p);
+    w[0] = _mm512_permutexvar_ps(v, tbl);                       // codes 0, 2, ..., 30
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), tbl);  // codes 1, 3, ..., 31
+  }
+};
+// Even/odd halves back to natural order (dequant_row).
+inline void interleave(VF even, VF odd, float* out) {
+  const VI lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const VI hi = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+  vstore(out, _mm512_permutex2var_ps(even, lo, odd));
+  vstore(out + W, _mm512_permutex2var_ps(even, hi, odd));
+}
+#else  // AVX2
+using VF = __m256;
+using VI = __m256i;
+constexpr int W = 8;
+inline VF vzero() { return _mm256_setzero_ps(); }
+inline VF vset(float v) { return _mm256_set1_ps(v); }
+inline VF vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, VF v) { _mm256_storeu_ps(p, v); }
+inline VF vfma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VF vmul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+inline VF vadd(VF a, VF b) { return _mm256_add_ps(a, b); }
+inline VF vsub(VF a, VF b) { return _mm256_sub_ps(a, b); }
+inline VF vmax(VF a, VF b) { return _mm256_max_ps(a, b); }
+inline float vsum(VF a) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline float vhmax(VF a) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline VF vcvt(VI a) { return _mm256_cvtepi32_ps(a); }
+inline VI vset_i(int v) { return _mm256_set1_epi32(v); }
+inline VI vsub_i(VI a, VI b) { return _mm256_sub_epi32(a, b); }
+inline VI widen_bytes(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+inline VF load_f16(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+inline VF load_bf16(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+inline VF vexp(VF x) {
+  x = _mm256_max_ps(x, vset(-87.0f));
+  const VF n = _mm256_round_ps(vmul(x, vset(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  VF r = _mm256_fnmadd_ps(n, vset(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, vset(-2.12194440e-4f), r);
+  VF p = vset(1.9875691500e-4f);
+  p = vfma(p, r, vset(1.3981999507e-3f));
+  p = vfma(p, r, vset(8.3334519073e-3f));
+  p = vfma(p, r, vset(4.1665795894e-2f));
+  p = vfma(p, r, vset(1.6666665459e-1f));
+  p = vfma(p, r, vset(5.0000001201e-1f));
+  p = vfma(vmul(p, r), r, _mm256_add_ps(r, vset(1.0f)));
+  // 2^n: n >= -126 after the clamp, so the biased exponent stays normal.
+  const VI e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), vset_i(127)), 23);
+  return vmul(p, _mm256_castsi256_ps(e));
+}
+inline VF vload_partial(const float* p, int64_t n, float fill) {
+  alignas(32) float tmp[W];
+  for (int i = 0; i < W; ++i) tmp[i] = i < n ? p[i] : fill;
+  return _mm256_load_ps(tmp);
+}
+struct Deq4 {
+  static constexpr int NV = 2, CE = 16, BYTES = 8;
+  VF s;
+  VI zc;
+  void setup(float sc, int z) { s = vset(sc); zc = vset_i(z); }
+  void unpack(const uint8_t* p, VF* w) const {
+    const VI v = widen_bytes(p);
+    w[0] = vmul(vcvt(vsub_i(_mm256_and_si256(v, vset_i(15)), zc)), s);  // codes 0, 2, ..., 14
+    w[1] = vmul(vcvt(vsub_i(_mm256_srli_epi32(v, 4), zc)), s);          // codes 1, 3, ..., 15
+  }
+};
+inline void interleave(VF even, VF odd, float* out) {
+  const VF a = _mm256_unpacklo_ps(even, odd);  // e0 o0 e1 o1 | e4 o4 e5 o5
+  const VF b = _mm256_unpackhi_ps(even, odd);  // e2 o2 e3 o3 | e6 o6 e7 o7
+  vstore(out, _mm256_permute2f128_ps(a, b, 0x20));
+  vstore(out + W, _mm256_permute2f128_ps(a, b, 0x31));
+}
+#endif
+
+struct Deq8 {
+  static constexpr int NV = 1, CE = W, BYTES = W;
+  VF s;
+  VI zc;
+  void setup(float sc, int z) { s = vset(sc); zc = vset_i(z); }
+  void unpack(const uint8_t* p, VF* w) const { w[0] = vmul(vcvt(vsub_i(widen_bytes(p), zc)), s); }
+};
+
+template <class D> constexpr int kBits = 0;
+template <> constexpr int kBits<Deq4> = 4;
+template <> constexpr int kBits<Deq8> = 8;
+
+// Row tile height per activation block MB: RT × MB accumulators plus the
+// dequantized row chunks must fit the register file (32 zmm / 16 ymm).
+#if defined(QHEAD_ISA_AVX512)
+template <int MB> constexpr int kRowTile = MB == 1 ? 4 : MB == 2 ? 4 : MB == 4 ? 3 : 2;
+#else
+template <int MB> constexpr int kRowTile = MB == 1 ? 4 : MB == 2 ? 2 : MB == 4 ? 2 : 1;
+#endif
+
+// ---- scales and zero points of a row block -------------------------------------
+
+// sc[i] = scale i of rows [r0, r0 + n) as f32 (n·G contiguous values).
+void load_scales(const PackedArgs& a, int64_t r0, int64_t n, float* sc) {
+  const int64_t cnt = n * a.groups, base = r0 * a.groups;
+  int64_t i = 0;
+  switch (a.scale_kind) {
+    case 0:
+      std::memcpy(sc, static_cast<const float*>(a.scale) + base, static_cast<size_t>(cnt) * sizeof(float));
+      return;
+    case 1: {
+      const uint16_t* p = static_cast<const uint16_t*>(a.scale) + base;
+      for (; i + W <= cnt; i += W) vstore(sc + i, load_f16(p + i));
+      for (; i < cnt; ++i) sc[i] = _cvtsh_ss(p[i]);
+      return;
+    }
+    default: {
+      const uint16_t* p = static_cast<const uint16_t*>(a.scale) + base;
+      for (; i + W <= cnt; i += W) vstore(sc + i, load_bf16(p + i));
+      for (; i < cnt; ++i) {
+        const uint32_t b = static_cast<uint32_t>(p[i]) << 16;
+        std::memcpy(sc + i, &b, 4);
+      }
+      return;
+    }
+  }
+}
+
+// zc[i·G + g] = stored zero-point code of row r0 + i, group g (the offset
+// 2^(b-1) when symmetric): q - z = stored_code - zc. Bits 4 and 8 never
+// straddle a word of the dim-0-packed zero-point tensor.
+void load_zero_codes(const PackedArgs& a, int64_t r0, int64_t n, int32_t* zc) {
+  const int64_t g_cols = a.groups;
+  if (a.zero_point == nullptr) {
+    for (int64_t i = 0; i < n * g_cols; ++i) zc[i] = 1 << (a.bits - 1);
+    return;
+  }
+  const uint32_t mask = (1u << a.bits) - 1u;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t bit = (r0 + i) * a.bits;
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(a.zero_point) + (bit >> 5) * g_cols;
+    const int sh = static_cast<int>(bit & 31);
+    for (int64_t g = 0; g < g_cols; ++g) zc[i * g_cols + g] = static_cast<int32_t>((words[g] >> sh) & mask);
+  }
+}
+
+// ---- the fused logits micro-kernel -------------------------------------------------
+
+// res[r·MB + m] = logit of tile row r (rows[r]: its packed bytes) and
+// activation row m (xp + m·h). sc / zc: the tile's scales and zero codes,
+// row stride g_cols.
+template <class D, int RT, int MB>
+inline void micro(const uint8_t* const* rows, const float* sc, const int32_t* zc, int64_t g_cols,
+                  int64_t gl, const float* xp, int64_t h, float* res) {
+  VF acc[RT][MB];
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r)
+    QHEAD_UNROLL for (int m = 0; m < MB; ++m) acc[r][m] = vzero();
+  for (int64_t g = 0; g < g_cols; ++g) {
+    D d[RT];
+    QHEAD_UNROLL for (int r = 0; r < RT; ++r) d[r].setup(sc[r * g_cols + g], zc[r * g_cols + g]);
+    const int64_t j1 = (g + 1) * gl;
+    for (int64_t j = g * gl; j < j1; j += D::CE) {
+      const int64_t byte = (j / D::CE) * D::BYTES;
+      QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
+        VF w[D::NV];
+        d[r].unpack(rows[r] + byte, w);
+        QHEAD_UNROLL for (int m = 0; m < MB; ++m)
+          QHEAD_UNROLL for (int v = 0; v < D::NV; ++v)
+            acc[r][m] = vfma(w[v], vload(xp + m * h + j + v * W), acc[r][m]);
+      }
+    }
+  }
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r)
+    QHEAD_UNROLL for (int m = 0; m < MB; ++m) res[r * MB + m] = vsum(acc[r][m]);
+}
+
+// Rows [0, n) of the block (first row r0) for activation rows [m0, m0 + MB).
+template <class D, int MB>
+void rows_for_mblock(const PackedArgs& a, const float* xp, int64_t m0, int64_t r0, int64_t n,
+                     const float* sc, const int32_t* zc, float* out, int64_t ldo) {
+  constexpr int RT = kRowTile<MB>;
+  const int64_t h = a.hidden, g_cols = a.groups;
+  const float* x = xp + m0 * h;
+  float res[RT * MB];
+  int64_t i = 0;
+  for (; i + RT <= n; i += RT) {
+    const uint8_t* rows[RT];
+    for (int r = 0; r < RT; ++r) rows[r] = a.packed + (r0 + i + r) * a.row_bytes;
+    micro<D, RT, MB>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, h, res);
+    for (int r = 0; r < RT; ++r)
+      for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i + r] = res[r * MB + m];
+  }
+  for (; i < n; ++i) {  // the last rows of the block, one at a time
+    const uint8_t* rows[1] = {a.packed + (r0 + i) * a.row_bytes};
+    micro<D, 1, MB>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, h, res);
+    for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i] = res[m];
+  }
+}
+
+template <class D>
+void logits_block_t(const PackedArgs& a, const float* xp, int64_t m_total, int64_t r0, int64_t r1, float* out,
+                    int64_t ldo, float* scratch) {
+  const int64_t n = r1 - r0;
+  float* sc = scratch;
+  int32_t* zc = reinterpret_cast<int32_t*>(scratch + kBlockRows * a.groups);
+  load_scales(a, r0, n, sc);
+  load_zero_codes(a, r0, n, zc);
+  int64_t m = 0;
+  while (m < m_total) {
+    const int64_t left = m_total - m;
+    if (left >= 8) {
+      rows_for_mblock<D, 8>(a, xp, m, r0, n, sc, zc, out, ldo);
+      m += 8;
+    } else if (left >= 4) {
+      rows_for_mblock<D, 4>(a, xp, m, r0, n, sc, zc, out, ldo);
+      m += 4;
+    } else if (left >= 2) {
+      rows_for_mblock<D, 2>(a, xp, m, r0, n, sc, zc, out, ldo);
+      m += 2;
+    } else {
+      rows_for_mblock<D, 1>(a, xp, m, r0, n, sc, zc, out, ldo);
+      m += 1;
+    }
+  }
+}
+
+void logits_block(const PackedArgs& a, const float* xp, int64_t m, int64_t r0, int64_t r1, float* out, int64_t ldo,
+                  float* scratch) {
+  if (a.bits == 4)
+    logits_block_t<Deq4>(a, xp, m, r0, r1, out, ldo, scratch);
+  else
+    logits_block_t<Deq8>(a, xp, m, r0, r1, out, ldo, scratch);
+}
+
+// ---- gather ------------------------------------------------------------------------
+
+void dequant_row(const PackedArgs& a, int64_t r, float* out) {
+  const uint8_t* row = a.packed + r * a.row_bytes;
+  const int64_t g_cols = a.groups, gl = a.group_len;
+  for (int64_t g = 0; g < g_cols; ++g) {
+    float s;  // scale (r, g) as f32
+    int32_t z;  // stored zero-point code of (r, g), or 2^(b-1)
+    {
+      const int64_t idx = r * g_cols + g;
+      if (a.scale_kind == 0) {
+        s = static_cast<const float*>(a.scale)[idx];
+      } else if (a.scale_kind == 1) {
+        s = _cvtsh_ss(static_cast<const uint16_t*>(a.scale)[idx]);
+      } else {
+        const uint32_t b = static_cast<uint32_t>(static_cast<const uint16_t*>(a.scale)[idx]) << 16;
+        std::memcpy(&s, &b, 4);
+      }
+      if (a.zero_point == nullptr) {
+        z = 1 << (a.bits - 1);
+      } else {
+        const int64_t bit = r * a.bits;
+        const uint32_t word = reinterpret_cast<const uint32_t*>(a.zero_point)[(bit >> 5) * g_cols + g];
+        z = static_cast<int32_t>((word >> (bit & 31)) & ((1u << a.bits) - 1u));
+      }
+    }
+    if (a.bits == 4) {
+      Deq4 d;
+      d.setup(s, z);
+      for (int64_t j = g * gl; j < (g + 1) * gl; j += Deq4::CE) {
+        VF w[2];
+        d.unpack(row + (j / Deq4::CE) * Deq4::BYTES, w);
+        interleave(w[0], w[1], out + j);
+      }
+    } else {
+      Deq8 d;
+      d.setup(s, z);
+      for (int64_t j = g * gl; j < (g + 1) * gl; j += Deq8::CE) {
+        VF w[1];
+        d.unpack(row + j, w);
+        vstore(out + j, w[0]);
+      }
+    }
+  }
+}
+
+// ---- top-k / log-sum-exp helpers and the dense dot ------------------------------------------
+
+float max_of(const float* l, int64_t n) {
+  VF mx = vset(-INFINITY);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) mx = vmax(mx, vload(l + i));
+  if (i < n) mx = vmax(mx, vload_partial(l + i, n - i, -INFINITY));
+  return vhmax(mx);
+}
+
+double sum_exp(const float* l, int64_t n, float mx) {
+  const VF vm = vset(mx);
+  VF s0 = vzero(), s1 = vzero();
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    s0 = vadd(s0, vexp(vsub(vload(l + i), vm)));
+    s1 = vadd(s1, vexp(vsub(vload(l + i + W), vm)));
+  }
+  for (; i + W <= n; i += W) s0 = vadd(s0, vexp(vsub(vload(l + i), vm)));
+  double total = static_cast<double>(vsum(s0)) + static_cast<double>(vsum(s1));
+  for (; i < n; ++i) total += static_cast<double>(::expf(l[i] - mx));
+  return total;
+}
+
+float dot_dense(const float* x, const void* row, int kind, int64_t h) {
+  VF a0 = vzero(), a1 = vzero();
+  int64_t j = 0;
+  float tail = 0.0f;
+  if (kind == 0) {
+    const float* p = static_cast<const float*>(row);
+    for (; j + 2 * W <= h; j += 2 * W) {
+      a0 = vfma(vload(x + j), vload(p + j), a0);
+      a1 = vfma(vload(x + j + W), vload(p + j + W), a1);
+    }
+    for (; j < h; ++j) tail += x[j] * p[j];
+  } else {
+    const uint16_t* p = static_cast<const uint16_t*>(row);
+    for (; j + W <= h; j += W) a0 = vfma(vload(x + j), kind == 1 ? load_f16(p + j) : load_bf16(p + j), a0);
+    for (; j < h; ++j) {
+      float w;
+      if (kind == 1) {
+        w = _cvtsh_ss(p[j]);
+      } else {
+        const uint32_t b = static_cast<uint32_t>(p[j]) << 16;
+        std::memcpy(&w, &b, 4);
+      }
+      tail += x[j] * w;
+    }
+  }
+  return vsum(vadd(a0, a1)) + tail;
+}
+
+}  // namespace
+
+const KernelTable kTable = {
+    QHEAD_ISA_NAME, Deq4::CE, &logits_block, &dequant_row, &max_of, &sum_exp, &dot_dense,
+};
+
+}  // namespace qhead::cpu::QHEAD_ISA_NS
