@@ -93,12 +93,13 @@ class Table {
   bool is_packed() const { return packed_ != nullptr; }
   int64_t vocab() const;
   int64_t hidden() const;
-  Device device() const { return Device::kCPU; }
+  // Where the table's storage lives (all its tensors share one device).
+  Device device() const;
   // Bytes of table storage (all tensors).
   size_t nbytes() const;
   const PackedTable& packed() const;  // throws unless is_packed()
   const Tensor& dense() const;        // throws if is_packed()
-  // Dequantizes (or converts) row v into out[H] as f32.
+  // Dequantizes (or converts) row v into out[H] as f32 (CPU tables only).
   void row_f32(int64_t v, float* out) const;
   // The whole table as a dense f32 [V, H] tensor (multithreaded).
   Tensor to_dense_f32() const;

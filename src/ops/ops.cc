@@ -4,6 +4,8 @@
 #include <limits>
 #include <string>
 
+#include "ops/ops_cuda.h"
+#include "qhead/cuda.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops_ref.h"
 #include "qhead/error.h"
@@ -16,14 +18,20 @@ namespace {
   throw Error(ErrorCode::kInvalidArgument, op, what);
 }
 
+// Every tensor of a call lives where the table lives (CPU or CUDA); ops
+// never copy between devices behind the caller's back.
+thread_local Device t_device = Device::kCPU;
+
 void check_table(const Table& t, const char* op) {
+  t_device = t.device();
   if (t.vocab() == 0 && t.hidden() == 0) fail(op, "table is empty (default-constructed)");
   if (t.vocab() > std::numeric_limits<int32_t>::max())
     fail(op, "vocab " + std::to_string(t.vocab()) + " exceeds the I32 id range");
 }
 
 void check_cpu(const TensorView& v, const char* op, const char* name) {
-  if (v.device != Device::kCPU) fail(op, std::string(name) + " must be on the CPU");
+  if (v.device != t_device)
+    fail(op, std::string(name) + " is on " + device_name(v.device) + " but the table is on " + device_name(t_device));
   check_contiguous(v, op, name);
   if (v.numel() > 0 && v.data == nullptr) fail(op, std::string(name) + " has no data");
 }
@@ -49,6 +57,7 @@ void check_ids(const TensorView& ids, int64_t v, const char* op, const char* nam
   check_cpu(ids, op, name);
   if (ids.dtype != DType::kI32 && ids.dtype != DType::kI64)
     fail(op, std::string(name) + " must be I32 or I64, got " + dtype_name(ids.dtype));
+  if (ids.device != Device::kCPU) return;  // GPU ids: the kernel checks the range and reports
   const int64_t n = ids.numel();
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = ref::id_at(ids, i);
@@ -56,6 +65,11 @@ void check_ids(const TensorView& ids, int64_t v, const char* op, const char* nam
       fail(op, std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(id) +
                    " is out of range for a vocab of " + std::to_string(v));
   }
+}
+
+// Output tensors of the allocating forms live on the table's device.
+Tensor alloc(const Table& t, DType dtype, Shape shape) {
+  return t.device() == Device::kCUDA ? cuda::empty(dtype, std::move(shape)) : Tensor::empty(dtype, std::move(shape));
 }
 
 }  // namespace
@@ -69,6 +83,7 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out, Bac
   if (!is_float_dtype(out.dtype)) fail(op, std::string("out must be F32/F16/BF16, got ") + dtype_name(out.dtype));
   if (out.shape != Shape{ids.size(0), table.hidden()})
     fail(op, "out must have shape " + shape_str({ids.size(0), table.hidden()}) + ", got " + shape_str(out.shape));
+  if (table.device() == Device::kCUDA) return cuda_ops::embed(table, ids, out);
   switch (backend) {
     case Backend::kAuto:
       if (cpu::embed(table, ids, out)) return;
@@ -82,7 +97,7 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out, Bac
 
 Tensor embed(const Table& table, const TensorView& ids, DType out_dtype) {
   check_dims(ids, 1, "embed", "ids");
-  Tensor out = Tensor::empty(out_dtype, {ids.size(0), table.hidden()});
+  Tensor out = alloc(table, out_dtype, {ids.size(0), table.hidden()});
   embed(table, ids, out.view());
   return out;
 }
@@ -92,6 +107,7 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
   check_table(table, op);
   check_x(table, x, op);
   check_out(out, DType::kF32, {x.size(0), table.vocab()}, op, "out");
+  if (table.device() == Device::kCUDA) return cuda_ops::logits(table, x, out, backend != Backend::kFallbackBlas);
   switch (backend) {
     case Backend::kFallbackBlas:
       blas::logits_fallback(table, x, out);
@@ -107,7 +123,7 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
 
 Tensor logits(const Table& table, const TensorView& x) {
   check_dims(x, 2, "logits", "x");
-  Tensor out = Tensor::empty(DType::kF32, {x.size(0), table.vocab()});
+  Tensor out = alloc(table, DType::kF32, {x.size(0), table.vocab()});
   logits(table, x, out.view());
   return out;
 }
@@ -127,6 +143,8 @@ void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   check_out(values, DType::kF32, {m, k}, op, "values");
   check_out(ids, DType::kI32, {m, k}, op, "ids");
   check_out(lse, DType::kF32, {m}, op, "logsumexp");
+  if (table.device() == Device::kCUDA)
+    return cuda_ops::topk(table, x, k, values, ids, lse, backend == Backend::kAuto);
   switch (backend) {
     case Backend::kAuto:
       if (cpu::topk(table, x, k, values, ids, lse)) return;
@@ -143,7 +161,7 @@ TopK topk(const Table& table, const TensorView& x, int64_t k) {
   const int64_t m = x.size(0);
   if (k < 1 || k > table.vocab())
     fail("topk", "k = " + std::to_string(k) + " must be in [1, V = " + std::to_string(table.vocab()) + "]");
-  TopK r{Tensor::empty(DType::kF32, {m, k}), Tensor::empty(DType::kI32, {m, k}), Tensor::empty(DType::kF32, {m})};
+  TopK r{alloc(table, DType::kF32, {m, k}), alloc(table, DType::kI32, {m, k}), alloc(table, DType::kF32, {m})};
   topk(table, x, k, r.values.view(), r.ids.view(), r.logsumexp.view());
   return r;
 }
@@ -160,13 +178,14 @@ void rescore(const Table& dense, const TensorView& x, const TensorView& candidat
   check_ids(candidates, dense.vocab(), op, "candidates");
   check_out(values, DType::kF32, candidates.shape, op, "values");
   check_out(ids, DType::kI32, candidates.shape, op, "ids");
+  if (dense.device() == Device::kCUDA) return cuda_ops::rescore(dense, x, candidates, values, ids);
   if (cpu::rescore(dense, x, candidates, values, ids)) return;
   ref::rescore(dense, x, candidates, values, ids);
 }
 
 Rescored rescore(const Table& dense, const TensorView& x, const TensorView& candidates) {
   check_dims(candidates, 2, "rescore", "candidates");
-  Rescored r{Tensor::empty(DType::kF32, candidates.shape), Tensor::empty(DType::kI32, candidates.shape)};
+  Rescored r{alloc(dense, DType::kF32, candidates.shape), alloc(dense, DType::kI32, candidates.shape)};
   rescore(dense, x, candidates, r.values.view(), r.ids.view());
   return r;
 }

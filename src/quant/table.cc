@@ -50,7 +50,12 @@ void PackedTable::validate(const std::string& where) const {
     expect_tensor(zero_point, DType::kI32, {(vocab * scheme.bits + 31) / 32, g}, where,
                   "weight_zero_point");
   }
+  if (packed.view().device != scale.view().device ||
+      (zero_point.defined() && zero_point.view().device != packed.view().device))
+    bad(where, "weight_packed, weight_scale and weight_zero_point must be on one device");
   // Scales must be finite: a NaN/Inf scale poisons every logit of its row.
+  // (Device tables are validated on the host before they are copied.)
+  if (packed.view().device != Device::kCPU) return;
   const int64_t n = scale.numel();
   for (int64_t i = 0; i < n; ++i) {
     const float s = load_as_f32(scale.data(), scale.dtype(), i);
@@ -100,6 +105,12 @@ Table Table::packed(PackedTable p, const std::string& where) {
   return t;
 }
 
+Device Table::device() const {
+  if (packed_) return packed_->packed.view().device;
+  if (dense_) return dense_->view().device;
+  return Device::kCPU;
+}
+
 int64_t Table::vocab() const { return packed_ ? packed_->vocab : dense_ ? dense_->size(0) : 0; }
 int64_t Table::hidden() const { return packed_ ? packed_->hidden : dense_ ? dense_->size(1) : 0; }
 size_t Table::nbytes() const { return packed_ ? packed_->nbytes() : dense_ ? dense_->nbytes() : 0; }
@@ -114,6 +125,8 @@ const Tensor& Table::dense() const {
 }
 
 void Table::row_f32(int64_t v, float* out) const {
+  if (device() != Device::kCPU)
+    throw Error(ErrorCode::kInvalidArgument, "Table::row_f32", "the table is on the GPU; copy rows to the host first");
   if (packed_) {
     packed_->dequantize_row(v, out);
   } else {

@@ -1,0 +1,61 @@
+// Shared CUDA helpers: checked calls, element types, small device utilities.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "qhead/error.h"
+
+namespace qhead::cuda_detail {
+
+// Every CUDA runtime call and kernel launch goes through these: an error
+// becomes a qhead::Error naming the call and the op.
+inline void check(cudaError_t e, const char* what, const char* file, int line) {
+  if (e != cudaSuccess)
+    throw Error(ErrorCode::kInternal, "cuda",
+                std::string(what) + " failed: " + cudaGetErrorString(e) + " (" + file + ":" + std::to_string(line) + ")");
+}
+#define QHEAD_CUDA_CHECK(call) ::qhead::cuda_detail::check((call), #call, __FILE__, __LINE__)
+#define QHEAD_CUDA_CHECK_LAUNCH(name) ::qhead::cuda_detail::check(cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
+
+cudaStream_t current_stream();
+
+// Scale dtype codes passed to kernels (runtime: one load per group).
+enum ScaleType : int { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };
+
+__device__ __forceinline__ float load_scale(const void* p, int type, int64_t i) {
+  if (type == kScaleF16) return __half2float(static_cast<const __half*>(p)[i]);
+  if (type == kScaleBF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+// Unsigned stored code i of a bit stream with `stride` words between
+// consecutive words (see qhead/table.h).
+__device__ __forceinline__ uint32_t stored_code(const uint32_t* words, int64_t i, int bits, int64_t stride) {
+  const int64_t bit = i * bits;
+  const int64_t k = bit >> 5;
+  const int off = static_cast<int>(bit & 31);
+  uint64_t v = words[k * stride];
+  if (off + bits > 32) v |= static_cast<uint64_t>(words[(k + 1) * stride]) << 32;
+  return static_cast<uint32_t>(v >> off) & ((1u << bits) - 1u);
+}
+
+// Signed zero point of (row, group) from the dim-0-packed tensor.
+__device__ __forceinline__ int zero_point(const uint32_t* zp, int64_t groups, int64_t row, int64_t group, int bits) {
+  return static_cast<int>(stored_code(zp + group, row, bits, groups)) - (1 << (bits - 1));
+}
+
+template <class T> struct Act;
+template <> struct Act<__half> {
+  static __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_float(float v) { return __float2half_rn(v); }
+};
+template <> struct Act<__nv_bfloat16> {
+  static __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from_float(float v) { return __float2bfloat16_rn(v); }
+};
+
+}  // namespace qhead::cuda_detail

@@ -1,0 +1,513 @@
+// CUDA ops: the entry points ops.cc dispatches to for tables on the GPU,
+// and the small kernels they use (activation permutation, gather, full
+// dequantization for the cuBLAS fallback, top-k, rescoring).
+#include <cublas_v2.h>
+
+#include <mutex>
+#include <string>
+
+#include "common.cuh"
+#include "logits.cuh"
+#include "ops/ops_cuda.h"
+#include "qhead/cuda.h"
+
+namespace qhead {
+namespace cuda_detail {
+std::shared_ptr<const void> device_alloc(size_t bytes);
+}  // namespace cuda_detail
+
+namespace cuda_ops {
+
+using namespace cuda_detail;
+
+namespace {
+
+[[noreturn]] void fail(const char* op, const std::string& what) { throw Error(ErrorCode::kInvalidArgument, op, what); }
+
+// ---- workspace and cuBLAS handle (process-wide, reused across calls) ------------
+
+struct Workspace {
+  std::mutex mu;
+  std::shared_ptr<const void> block;
+  size_t bytes = 0;
+};
+Workspace& workspace_slot(int i) {
+  static Workspace w[3];
+  return w[i];
+}
+// Grow-only scratch buffer `slot` of at least `bytes` (stream-ordered reuse).
+void* workspace(int slot, size_t bytes) {
+  Workspace& w = workspace_slot(slot);
+  std::lock_guard<std::mutex> lock(w.mu);
+  if (w.bytes < bytes) {
+    QHEAD_CUDA_CHECK(cudaStreamSynchronize(current_stream()));
+    w.block.reset();
+    w.block = device_alloc(bytes);
+    w.bytes = bytes;
+  }
+  return const_cast<void*>(w.block.get());
+}
+
+cublasHandle_t blas() {
+  static cublasHandle_t h = [] {
+    cublasHandle_t x = nullptr;
+    if (cublasCreate(&x) != CUBLAS_STATUS_SUCCESS)
+      throw Error(ErrorCode::kInternal, "cuda", "cublasCreate failed");
+    return x;
+  }();
+  cublasSetStream(h, current_stream());
+  return h;
+}
+
+void check_blas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw Error(ErrorCode::kInternal, "cuda", std::string(what) + " failed: cuBLAS status " + std::to_string(int(s)));
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+    default: return CUDA_R_32F;
+  }
+}
+
+int scale_type(DType t) { return t == DType::kF16 ? kScaleF16 : t == DType::kBF16 ? kScaleBF16 : kScaleF32; }
+
+int blocks_for(int64_t n, int threads) { return static_cast<int>((n + threads - 1) / threads); }
+
+// ---- kernels ------------------------------------------------------------------------
+
+// x_perm[m, h] = x[m, word_base + perm(h % per)]: the k order of logits.cuh.
+template <class T, int BITS>
+__global__ void permute_x_kernel(const T* __restrict__ x, T* __restrict__ xp, int64_t n) {
+  constexpr int kPer = BITS == 4 ? 8 : 4;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // one word's worth of h
+  if (i * kPer >= n) return;
+  const T* src = x + i * kPer;
+  T* dst = xp + i * kPer;
+  if constexpr (BITS == 4) {
+    constexpr int p[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dst[j] = src[p[j]];
+  } else {
+    constexpr int p[4] = {0, 2, 1, 3};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) dst[j] = src[p[j]];
+  }
+}
+
+// Dequantized value of (row, h) in f32 — exact.
+__device__ __forceinline__ float dequant_at(const uint32_t* packed, const void* scale, int stype, const uint32_t* zp,
+                                            int bits, int64_t row, int h, int words, int group, int groups) {
+  const int grp = h / group;
+  const int q = int(stored_code(packed + row * words, h, bits, 1)) - (1 << (bits - 1));
+  const int z = zp ? zero_point(zp, groups, row, grp, bits) : 0;
+  return float(q - z) * load_scale(scale, stype, row * groups + grp);
+}
+
+struct TableArgs {
+  const uint32_t* packed;
+  const void* scale;
+  int stype;
+  const uint32_t* zp;
+  int bits, words, group, groups;
+  int64_t V;
+  int H;
+};
+
+TableArgs table_args(const PackedTable& p) {
+  TableArgs t;
+  t.packed = static_cast<const uint32_t*>(p.packed.data());
+  t.scale = p.scale.data();
+  t.stype = scale_type(p.scheme.scale_dtype);
+  t.zp = p.scheme.symmetric ? nullptr : static_cast<const uint32_t*>(p.zero_point.data());
+  t.bits = p.scheme.bits;
+  t.words = static_cast<int>(p.scheme.packed_cols(p.hidden));
+  t.group = static_cast<int>(p.scheme.group_len(p.hidden));
+  t.groups = static_cast<int>(p.scheme.groups(p.hidden));
+  t.V = p.vocab;
+  t.H = static_cast<int>(p.hidden);
+  return t;
+}
+
+template <class OutT>
+__device__ __forceinline__ void store_out(OutT* p, int64_t i, float v) {
+  if constexpr (std::is_same_v<OutT, float>) p[i] = v;
+  else if constexpr (std::is_same_v<OutT, __half>) p[i] = __float2half_rn(v);
+  else p[i] = __float2bfloat16_rn(v);
+}
+
+// embed: one block per id; an id out of range raises *bad and writes nothing.
+template <class IdT, class OutT>
+__global__ void embed_kernel(TableArgs t, const IdT* __restrict__ ids, OutT* __restrict__ out, int* bad) {
+  const int64_t n = blockIdx.x;
+  const int64_t id = static_cast<int64_t>(ids[n]);
+  if (id < 0 || id >= t.V) {
+    if (threadIdx.x == 0) atomicExch(bad, 1);
+    return;
+  }
+  for (int h = threadIdx.x; h < t.H; h += blockDim.x)
+    store_out(out, n * t.H + h, dequant_at(t.packed, t.scale, t.stype, t.zp, t.bits, id, h, t.words, t.group, t.groups));
+}
+
+// Full dequantization into a dense [V, H] table of OutT (the fallback path).
+template <class OutT>
+__global__ void dequant_kernel(TableArgs t, OutT* __restrict__ out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= t.V * t.H) return;
+  const int64_t row = i / t.H;
+  const int h = static_cast<int>(i % t.H);
+  store_out(out, i, dequant_at(t.packed, t.scale, t.stype, t.zp, t.bits, row, h, t.words, t.group, t.groups));
+}
+
+// ---- top-k over materialized logits (block per row) ---------------------------------
+
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // larger float → larger key
+}
+
+constexpr int kTopkThreads = 1024;
+constexpr int kMaxK = 1024;
+
+// Sorts n (≤ 2·kTopkThreads, padded to a power of two) candidates in shared
+// memory: value descending, then id ascending.
+__device__ void bitonic_sort(float* v, int* id, int n) {
+  for (int size = 2; size <= n; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int j = i ^ stride;
+        if (j > i) {
+          const bool up = (i & size) == 0;
+          // "a before b" = a better than b
+          const bool i_better = v[i] > v[j] || (v[i] == v[j] && id[i] < id[j]);
+          if (up != i_better) {
+            const float tv = v[i]; v[i] = v[j]; v[j] = tv;
+            const int ti = id[i]; id[i] = id[j]; id[j] = ti;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// Block-wide sums (returns the total to every thread).
+template <class V>
+__device__ V block_sum(V x, V* scratch) {
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) scratch[w] = x;
+  __syncthreads();
+  V t = 0;
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) t += scratch[i];
+  return t;
+}
+__device__ float block_max(float x, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __syncthreads();
+  if (l == 0) scratch[w] = x;
+  __syncthreads();
+  float t = -INFINITY;
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) t = fmaxf(t, scratch[i]);
+  return t;
+}
+
+// logits [M, V] → per row: top-k (value desc, id asc), log-sum-exp.
+// Radix select on order-preserving keys finds the k-th largest key in four
+// 8-bit passes; then everything above it, and the lowest-id ties equal to
+// it, are gathered in id order and sorted.
+__global__ void __launch_bounds__(kTopkThreads) topk_rows_kernel(const float* __restrict__ logits, int64_t V, int k,
+                                                                  float* values, int* ids, float* lse) {
+  __shared__ unsigned hist[256];
+  __shared__ float sv[2 * kMaxK];
+  __shared__ int si[2 * kMaxK];
+  __shared__ double dscratch[32];
+  __shared__ float fscratch[32];
+  __shared__ unsigned s_prefix, s_need, s_count, s_ties;
+  const int m = blockIdx.x;
+  const float* row = logits + int64_t(m) * V;
+
+  // log-sum-exp: max, then Σ exp(l − max) in f64.
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, row[i]);
+  mx = block_max(mx, fscratch);
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) s += exp(double(row[i]) - double(mx));
+  s = block_sum(s, dscratch);
+  if (threadIdx.x == 0) lse[m] = float(double(mx) + log(s));
+
+  // Radix select: the k-th largest key.
+  if (threadIdx.x == 0) { s_prefix = 0; s_need = k; }
+  __syncthreads();
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    const uint32_t mask_hi = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
+    const uint32_t prefix = s_prefix;
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+      const uint32_t key = order_key(row[i]);
+      if ((key & mask_hi) == prefix) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned need = s_need, cum = 0;
+      int d = 255;
+      for (; d > 0; --d) {
+        if (cum + hist[d] >= need) break;
+        cum += hist[d];
+      }
+      s_need = need - cum;
+      s_prefix = prefix | (uint32_t(d) << shift);
+    }
+    __syncthreads();
+  }
+  const uint32_t kth = s_prefix;
+  const unsigned ties_wanted = s_need;  // how many keys == kth to take
+  // Gather, in id order: keys > kth all; keys == kth the first ties_wanted.
+  if (threadIdx.x == 0) { s_count = 0; s_ties = 0; }
+  __syncthreads();
+  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  __shared__ unsigned warp_ties[32];
+  for (int64_t base = 0; base < V; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    const float v = i < V ? row[i] : -INFINITY;
+    const uint32_t key = i < V ? order_key(v) : 0u;
+    const bool gt = i < V && key > kth;
+    const bool eq = i < V && key == kth;
+    if (gt) {
+      const unsigned pos = atomicAdd(&s_count, 1u);
+      sv[pos] = v;
+      si[pos] = int(i);
+    }
+    // ordered selection of ties: prefix over the block in thread (= id) order
+    const unsigned bal = __ballot_sync(0xffffffffu, eq);
+    if (l == 0) warp_ties[w] = __popc(bal);
+    __syncthreads();
+    unsigned before = s_ties;
+    for (int j = 0; j < w; ++j) before += warp_ties[j];
+    before += __popc(bal & ((1u << l) - 1u));
+    if (eq && before < ties_wanted) {
+      const unsigned pos = atomicAdd(&s_count, 1u);
+      sv[pos] = v;
+      si[pos] = int(i);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned tot = 0;
+      for (int j = 0; j < int(blockDim.x >> 5); ++j) tot += warp_ties[j];
+      s_ties += tot;
+    }
+    __syncthreads();
+  }
+  int n = 1;
+  while (n < k) n <<= 1;
+  for (int i = k + threadIdx.x; i < n; i += blockDim.x) { sv[i] = -INFINITY; si[i] = 0x7fffffff; }
+  __syncthreads();
+  bitonic_sort(sv, si, n);
+  for (int i = threadIdx.x; i < k; i += blockDim.x) {
+    values[int64_t(m) * k + i] = sv[i];
+    ids[int64_t(m) * k + i] = si[i];
+  }
+}
+
+// rescore: one warp per (row, candidate) dot product in f32; then per row a sort.
+template <class XT, class WT>
+__global__ void rescore_dots_kernel(const WT* __restrict__ w, const XT* __restrict__ x, const void* cand, bool cand64,
+                                    int H, int M, int k, float* __restrict__ vals, int* __restrict__ out_ids) {
+  const int64_t gw = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (gw >= int64_t(M) * k) return;
+  const int m = int(gw / k);
+  const int64_t id = cand64 ? static_cast<const int64_t*>(cand)[gw] : static_cast<const int32_t*>(cand)[gw];
+  float acc = 0.0f;
+  for (int h = lane; h < H; h += 32) {
+    float xv, wv;
+    if constexpr (std::is_same_v<XT, float>) xv = x[int64_t(m) * H + h]; else xv = Act<XT>::to_float(x[int64_t(m) * H + h]);
+    if constexpr (std::is_same_v<WT, float>) wv = w[id * H + h]; else wv = Act<WT>::to_float(w[id * H + h]);
+    acc = fmaf(xv, wv, acc);
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) { vals[gw] = acc; out_ids[gw] = int(id); }
+}
+
+__global__ void sort_rows_kernel(float* vals, int* ids, int k) {
+  __shared__ float sv[kMaxK];
+  __shared__ int si[kMaxK];
+  const int m = blockIdx.x;
+  int n = 1;
+  while (n < k) n <<= 1;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    sv[i] = i < k ? vals[int64_t(m) * k + i] : -INFINITY;
+    si[i] = i < k ? ids[int64_t(m) * k + i] : 0x7fffffff;
+  }
+  __syncthreads();
+  bitonic_sort(sv, si, n);
+  for (int i = threadIdx.x; i < k; i += blockDim.x) {
+    vals[int64_t(m) * k + i] = sv[i];
+    ids[int64_t(m) * k + i] = si[i];
+  }
+}
+
+// ---- helpers ---------------------------------------------------------------------------
+
+void check_act(const TensorView& x, const char* op) {
+  if (x.dtype != DType::kF16 && x.dtype != DType::kBF16)
+    fail(op, std::string("CUDA ops take F16 or BF16 activations, got ") + dtype_name(x.dtype));
+}
+
+// The dense [V, H] table a GEMM reads: the table itself, or its full
+// dequantization into a workspace (the fallback the fused kernels replace).
+const void* dense_operand(const Table& table, DType want, cudaStream_t s) {
+  if (!table.is_packed()) return table.dense().data();
+  const TableArgs t = table_args(table.packed());
+  const int64_t n = t.V * t.H;
+  void* w = workspace(1, size_t(n) * dtype_size(want));
+  const int threads = 256;
+  if (want == DType::kF16)
+    dequant_kernel<__half><<<blocks_for(n, threads), threads, 0, s>>>(t, static_cast<__half*>(w));
+  else if (want == DType::kBF16)
+    dequant_kernel<__nv_bfloat16><<<blocks_for(n, threads), threads, 0, s>>>(t, static_cast<__nv_bfloat16*>(w));
+  else
+    dequant_kernel<float><<<blocks_for(n, threads), threads, 0, s>>>(t, static_cast<float*>(w));
+  QHEAD_CUDA_CHECK_LAUNCH("dequant_kernel");
+  return w;
+}
+
+void gemm_fallback(const Table& table, const TensorView& x, float* out, int64_t ldo) {
+  cudaStream_t s = current_stream();
+  const DType wt = table.is_packed() ? x.dtype : table.dense().dtype();
+  if (!table.is_packed() && wt != x.dtype)
+    fail("logits", std::string("dense CUDA table is ") + dtype_name(wt) + " but x is " + dtype_name(x.dtype) +
+                       "; they must match");
+  const void* w = dense_operand(table, wt, s);
+  const int V = static_cast<int>(table.vocab()), H = static_cast<int>(table.hidden()), M = static_cast<int>(x.size(0));
+  const float alpha = 1.0f, beta = 0.0f;
+  // out[M, V] (row-major) = (W[V, H] · x[M, H]ᵀ) seen column-major as [V, M].
+  check_blas(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, V, M, H, &alpha, w, cuda_type(wt), H, x.data,
+                          cuda_type(x.dtype), H, &beta, out, CUDA_R_32F, static_cast<int>(ldo), CUBLAS_COMPUTE_32F,
+                          CUBLAS_GEMM_DEFAULT),
+             "cublasGemmEx");
+}
+
+// Fused logits into out (ld ldo); returns false when the table/shape has no fast path.
+bool fused_logits(const Table& table, const TensorView& x, float* out, int64_t ldo) {
+  if (!table.is_packed()) return false;
+  const PackedTable& p = table.packed();
+  const int bits = p.scheme.bits;
+  if (bits != 4 && bits != 8) return false;
+  const int group = static_cast<int>(p.scheme.group_len(p.hidden));
+  if (pick_piece_bytes(bits, group) == 0) return false;
+  cudaStream_t s = current_stream();
+  const int64_t n = x.numel();
+  void* xp = workspace(0, size_t(n) * 2);
+  const int per = bits == 4 ? 8 : 4;
+  const int threads = 256;
+  const int blocks = blocks_for(n / per, threads);
+  if (n) {
+    if (x.dtype == DType::kF16) {
+      if (bits == 4) permute_x_kernel<__half, 4><<<blocks, threads, 0, s>>>(x.ptr<const __half>(), static_cast<__half*>(xp), n);
+      else permute_x_kernel<__half, 8><<<blocks, threads, 0, s>>>(x.ptr<const __half>(), static_cast<__half*>(xp), n);
+    } else {
+      if (bits == 4) permute_x_kernel<__nv_bfloat16, 4><<<blocks, threads, 0, s>>>(x.ptr<const __nv_bfloat16>(), static_cast<__nv_bfloat16*>(xp), n);
+      else permute_x_kernel<__nv_bfloat16, 8><<<blocks, threads, 0, s>>>(x.ptr<const __nv_bfloat16>(), static_cast<__nv_bfloat16*>(xp), n);
+    }
+    QHEAD_CUDA_CHECK_LAUNCH("permute_x_kernel");
+  }
+  LogitsArgs a;
+  a.packed = static_cast<const uint32_t*>(p.packed.data());
+  a.scale = p.scale.data();
+  a.scale_type = scale_type(p.scheme.scale_dtype);
+  a.zp = p.scheme.symmetric ? nullptr : static_cast<const uint32_t*>(p.zero_point.data());
+  a.x_perm = xp;
+  a.out = out;
+  a.ldo = ldo;
+  a.V = p.vocab;
+  a.H = static_cast<int>(p.hidden);
+  a.group = group;
+  a.groups = static_cast<int>(p.scheme.groups(p.hidden));
+  a.M = static_cast<int>(x.size(0));
+  if (a.M == 0 || a.V == 0) return true;
+  if (bits == 4) return x.dtype == DType::kF16 ? launch_logits_w4_f16(a, s) : launch_logits_w4_bf16(a, s);
+  return x.dtype == DType::kF16 ? launch_logits_w8_f16(a, s) : launch_logits_w8_bf16(a, s);
+}
+
+}  // namespace
+
+// ---- entry points ---------------------------------------------------------------------
+
+void embed(const Table& table, const TensorView& ids, const TensorView& out) {
+  cudaStream_t s = current_stream();
+  const int64_t n = ids.size(0);
+  if (n == 0) return;
+  int* bad = static_cast<int*>(workspace(2, sizeof(int)));
+  QHEAD_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), s));
+  if (!table.is_packed()) fail("embed", "CUDA embed takes a packed table");
+  const TableArgs t = table_args(table.packed());
+  const bool i64 = ids.dtype == DType::kI64;
+  auto go = [&](auto* o) {
+    using OutT = std::remove_pointer_t<decltype(o)>;
+    if (i64) embed_kernel<int64_t, OutT><<<unsigned(n), 256, 0, s>>>(t, ids.ptr<const int64_t>(), o, bad);
+    else embed_kernel<int32_t, OutT><<<unsigned(n), 256, 0, s>>>(t, ids.ptr<const int32_t>(), o, bad);
+  };
+  if (out.dtype == DType::kF32) go(out.ptr<float>());
+  else if (out.dtype == DType::kF16) go(out.ptr<__half>());
+  else go(out.ptr<__nv_bfloat16>());
+  QHEAD_CUDA_CHECK_LAUNCH("embed_kernel");
+  int flag = 0;
+  QHEAD_CUDA_CHECK(cudaMemcpyAsync(&flag, bad, sizeof(int), cudaMemcpyDeviceToHost, s));
+  QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (flag) fail("embed", "an id is out of range for a vocab of " + std::to_string(table.vocab()) + " (ids on the GPU)");
+}
+
+void logits(const Table& table, const TensorView& x, const TensorView& out, bool fused) {
+  check_act(x, "logits");
+  if (fused && fused_logits(table, x, out.ptr<float>(), table.vocab())) return;
+  gemm_fallback(table, x, out.ptr<float>(), table.vocab());
+}
+
+void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
+          const TensorView& lse, bool fused) {
+  (void)fused;  // the fused epilogue is not written yet: logits into a workspace, then the top-k kernel
+  check_act(x, "topk");
+  if (k > kMaxK) fail("topk", "CUDA top-k takes k <= " + std::to_string(kMaxK) + ", got " + std::to_string(k));
+  const int64_t M = x.size(0), V = table.vocab();
+  float* l = static_cast<float*>(workspace(1 + 1, size_t(M * V) * sizeof(float)));
+  if (!fused_logits(table, x, l, V)) gemm_fallback(table, x, l, V);
+  if (M == 0) return;
+  topk_rows_kernel<<<unsigned(M), kTopkThreads, 0, current_stream()>>>(l, V, int(k), values.ptr<float>(),
+                                                                     ids.ptr<int>(), lse.ptr<float>());
+  QHEAD_CUDA_CHECK_LAUNCH("topk_rows_kernel");
+}
+
+void rescore(const Table& dense, const TensorView& x, const TensorView& candidates, const TensorView& values,
+             const TensorView& ids) {
+  const int64_t M = x.size(0), k = candidates.size(1);
+  if (k > kMaxK) fail("rescore", "CUDA rescore takes k <= " + std::to_string(kMaxK));
+  if (M * k == 0) return;
+  cudaStream_t s = current_stream();
+  const Tensor& w = dense.dense();
+  const int H = static_cast<int>(dense.hidden());
+  const bool c64 = candidates.dtype == DType::kI64;
+  const unsigned blocks = unsigned((M * k * 32 + 255) / 256);
+  auto go_w = [&](auto* xp) {
+    using XT = std::remove_cv_t<std::remove_pointer_t<decltype(xp)>>;
+    switch (w.dtype()) {
+      case DType::kF32: rescore_dots_kernel<XT, float><<<blocks, 256, 0, s>>>(w.ptr<const float>(), xp, candidates.data, c64, H, int(M), int(k), values.ptr<float>(), ids.ptr<int>()); break;
+      case DType::kF16: rescore_dots_kernel<XT, __half><<<blocks, 256, 0, s>>>(w.ptr<const __half>(), xp, candidates.data, c64, H, int(M), int(k), values.ptr<float>(), ids.ptr<int>()); break;
+      default: rescore_dots_kernel<XT, __nv_bfloat16><<<blocks, 256, 0, s>>>(w.ptr<const __nv_bfloat16>(), xp, candidates.data, c64, H, int(M), int(k), values.ptr<float>(), ids.ptr<int>()); break;
+    }
+  };
+  if (x.dtype == DType::kF32) go_w(x.ptr<const float>());
+  else if (x.dtype == DType::kF16) go_w(x.ptr<const __half>());
+  else go_w(x.ptr<const __nv_bfloat16>());
+  QHEAD_CUDA_CHECK_LAUNCH("rescore_dots_kernel");
+  sort_rows_kernel<<<unsigned(M), 256, 0, s>>>(values.ptr<float>(), ids.ptr<int>(), int(k));
+  QHEAD_CUDA_CHECK_LAUNCH("sort_rows_kernel");
+}
+
+}  // namespace cuda_ops
+}  // namespace qhead

@@ -1,0 +1,339 @@
+// CUDA ops against the float64 oracle on the dequantized weights. Every test
+// skips when no GPU is visible (CI); on the H200 they all run.
+//
+// Tolerance of the fused logits (derived): per group the kernel sums the
+// products (q − z)·x — exact, an integer times an f16/bf16 value — in the
+// tensor cores' f32 accumulator, then adds s·partial with one FMA. That is a
+// sum of H products plus `groups` scaled partials, each addition rounded in
+// f32; tensor cores may truncate instead of rounding to nearest, so we take
+// u = 2^-23 (one full ulp) instead of 2^-24:
+//     |Δ| <= γ_{H + groups + 1}(2^-23) · Σ_j |x_j w_j|.
+// The cuBLAS fallback rounds each dequantized weight to the activation dtype
+// first (that is what dequant + F.linear does), adding u_T · Σ|x w|.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "qhead/cuda.h"
+#include "qhead/ops.h"
+#include "qhead/quantize.h"
+#include "test_util.h"
+
+namespace qhead {
+namespace {
+
+using namespace qhead::test;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cuda::available()) GTEST_SKIP() << "no CUDA device"
+
+Tensor upload(const Tensor& h) { return cuda::to_device(h.view()); }
+Tensor download(const Tensor& d) { return cuda::to_host(d.view()); }
+
+// A poisoned device tensor (NaN / int poison), so unwritten outputs show.
+Tensor poisoned_device(DType t, Shape s) {
+  Tensor h = Tensor::empty(t, std::move(s));
+  poison(h.view(), -1);
+  return upload(h);
+}
+
+struct Oracle {
+  std::vector<double> value;  // [M, rows.size()]
+  std::vector<double> tol;
+};
+
+// Float64 logits of rows `rows` for all M activations, with the bound.
+Oracle oracle(const PackedTable& p, const std::vector<float>& x, int64_t M, const std::vector<int64_t>& rows,
+              double u_extra) {
+  const int64_t H = p.hidden;
+  const int64_t groups = p.scheme.groups(H);
+  Oracle o;
+  o.value.resize(size_t(M) * rows.size());
+  o.tol.resize(size_t(M) * rows.size());
+  std::vector<double> wd(static_cast<size_t>(H));
+  std::vector<float> w(static_cast<size_t>(H));
+  for (size_t r = 0; r < rows.size(); ++r) {
+    dequant_row_expected(p, rows[r], wd.data());
+    for (int64_t j = 0; j < H; ++j) w[size_t(j)] = float(wd[size_t(j)]);  // exact in f32
+    for (int64_t m = 0; m < M; ++m) {
+      const Dot d = dot_f64(x.data() + m * H, w.data(), H);
+      o.value[size_t(m) * rows.size() + r] = d.value;
+      o.tol[size_t(m) * rows.size() + r] =
+          (gamma_n(H + groups + 1, 2.0 * kU32) + u_extra + gamma_n(H + 4, kU64)) * d.abs_sum + 1e-30;
+    }
+  }
+  return o;
+}
+
+// Rows checked against the oracle: all of them for small V, else the first
+// and last 40 and 400 seeded random ones (every element is still checked for
+// having been written).
+std::vector<int64_t> rows_to_check(int64_t V, uint64_t seed) {
+  std::vector<int64_t> r;
+  if (V <= 4096) {
+    r.resize(size_t(V));
+    std::iota(r.begin(), r.end(), 0);
+    return r;
+  }
+  for (int64_t i = 0; i < 40; ++i) { r.push_back(i); r.push_back(V - 1 - i); }
+  Rng rng(seed);
+  std::uniform_int_distribution<int64_t> d(0, V - 1);
+  for (int i = 0; i < 400; ++i) r.push_back(d(rng));
+  return r;
+}
+
+struct LogitsCase {
+  int bits, group;
+  bool sym;
+  DType act, scale;
+  int64_t V, H, M;
+};
+
+std::string describe(const LogitsCase& c) {
+  return "w" + std::to_string(c.bits) + (c.group > 0 ? "g" + std::to_string(c.group) : "") + (c.sym ? "" : "a") +
+         " act=" + dtype_name(c.act) + " scale=" + dtype_name(c.scale) + " V=" + std::to_string(c.V) +
+         " H=" + std::to_string(c.H) + " M=" + std::to_string(c.M);
+}
+
+void check_logits(const LogitsCase& c, uint64_t seed, Backend backend = Backend::kAuto) {
+  SCOPED_TRACE(describe(c) + (backend == Backend::kFallbackBlas ? " (fallback)" : ""));
+  QuantScheme s;
+  s.bits = c.bits;
+  s.group_size = c.group;
+  s.symmetric = c.sym;
+  s.scale_dtype = c.scale;
+  const PackedTable host = random_packed(c.V, c.H, s, seed);
+  const Table dev = cuda::to_device(Table::packed(host));
+  const Tensor xh = random_tensor(c.act, c.M, c.H, seed + 1);
+  const Tensor xd = upload(xh);
+  Tensor out = poisoned_device(DType::kF32, {c.M, c.V});
+  logits(dev, xd.view(), out.view(), backend);
+  cuda::synchronize();
+  const Tensor oh = download(out);
+  ASSERT_EQ(count_nan(oh.view()), 0) << "unwritten (NaN-poisoned) outputs remain";
+  const std::vector<float> xf = to_f32(xh.view());
+  const std::vector<int64_t> rows = rows_to_check(c.V, seed + 2);
+  const double u_extra = backend == Backend::kFallbackBlas ? unit_roundoff(c.act) : 0.0;
+  const Oracle o = oracle(host, xf, c.M, rows, u_extra);
+  int bad = 0;
+  for (int64_t m = 0; m < c.M; ++m)
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const double got = oh.ptr<float>()[m * c.V + rows[r]];
+      const double want = o.value[size_t(m) * rows.size() + r], tol = o.tol[size_t(m) * rows.size() + r];
+      if (!(std::fabs(got - want) <= tol) && bad++ < 5)
+        ADD_FAILURE() << "m=" << m << " row=" << rows[r] << " got " << got << " want " << want << " tol " << tol;
+    }
+  EXPECT_EQ(bad, 0);
+}
+
+TEST(Cuda, LogitsEverySchemeAndDtype) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 100;
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128, -1})
+      for (bool sym : {true, false})
+        for (DType act : {DType::kF16, DType::kBF16})
+          for (int64_t M : {1, 3, 16, 17, 64, 256}) {
+            const DType scale = (seed % 3 == 0) ? DType::kF32 : act;
+            check_logits({bits, group, sym, act, scale, 50257, 1024, M}, seed++);
+          }
+}
+
+TEST(Cuda, LogitsAwkwardVocab) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 900;
+  for (int64_t V : {1, 3, 151936, 49152 + 64})
+    for (int64_t M : {1, 3, 16, 17, 64, 256}) {
+      const int bits = (seed % 2) ? 4 : 8;
+      const int group = (seed % 4 < 2) ? 64 : 128;
+      check_logits({bits, group, seed % 3 != 0, seed % 2 ? DType::kBF16 : DType::kF16, DType::kBF16, V, 1024, M},
+                   seed++);
+    }
+}
+
+TEST(Cuda, LogitsOtherHidden) {
+  SKIP_WITHOUT_GPU();
+  // H = 576 (SmolLM2), 640 (Gemma-3-270M), 2560 (Gemma-3-4B), 4096 (Llama-3-8B).
+  uint64_t seed = 1300;
+  for (int64_t H : {576, 640, 2560, 4096})
+    for (int group : {32, 64, 128, -1}) {
+      if (group > 0 && H % group) continue;
+      for (int64_t M : {1, 17})
+        check_logits({seed % 2 ? 4 : 8, group, seed % 3 != 0, DType::kBF16, DType::kF16, 4099, H, M}, seed++);
+    }
+}
+
+TEST(Cuda, LogitsFallbackAndUnsupportedShapes) {
+  SKIP_WITHOUT_GPU();
+  check_logits({4, 64, true, DType::kF16, DType::kF16, 3001, 1024, 5}, 2001, Backend::kFallbackBlas);
+  check_logits({8, -1, false, DType::kBF16, DType::kBF16, 3001, 512, 33}, 2002, Backend::kFallbackBlas);
+  // 3-bit has no fused kernel: the dispatcher falls back, results still right.
+  LogitsCase c{3, 32, true, DType::kBF16, DType::kBF16, 777, 256, 4};
+  check_logits(c, 2003, Backend::kFallbackBlas);
+}
+
+TEST(Cuda, EmbedMatchesDequantizedRows) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 3000;
+  for (int bits : {4, 8, 3})
+    for (bool sym : {true, false})
+      for (DType out_t : {DType::kF32, DType::kF16, DType::kBF16}) {
+        QuantScheme s;
+        s.bits = bits;
+        s.group_size = bits == 3 ? 32 : 64;
+        s.symmetric = sym;
+        s.scale_dtype = DType::kBF16;
+        const int64_t V = 50257, H = 576;
+        const PackedTable host = random_packed(V, H, s, seed++);
+        const Table dev = cuda::to_device(Table::packed(host));
+        Tensor ids = Tensor::empty(DType::kI64, {7});
+        const int64_t idv[7] = {0, V - 1, 12345, 0, 777, V - 2, 3};
+        std::copy(idv, idv + 7, ids.ptr<int64_t>());
+        Tensor out = poisoned_device(out_t, {7, H});
+        embed(dev, upload(ids).view(), out.view());
+        const Tensor oh = download(out);
+        std::vector<double> row(static_cast<size_t>(H));
+        for (int i = 0; i < 7; ++i) {
+          dequant_row_expected(host, idv[i], row.data());
+          for (int64_t j = 0; j < H; ++j)
+            ASSERT_EQ(load_as_f32(oh.data(), out_t, i * H + j), round_through(float(row[size_t(j)]), out_t))
+                << "bits " << bits << " id " << idv[i] << " h " << j;
+        }
+        // An id out of range: an error, not a read out of bounds.
+        ids.ptr<int64_t>()[3] = V;
+        expect_error([&] { embed(dev, upload(ids).view(), out.view()); }, ErrorCode::kInvalidArgument);
+      }
+}
+
+TEST(Cuda, TopkMatchesOracle) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 4000;
+  for (int64_t V : {3, 50257, 151936})
+    for (int64_t M : {1, 3, 17, 256}) {
+      const int64_t K = std::min<int64_t>(50, V);
+      QuantScheme s;
+      s.bits = seed % 2 ? 4 : 8;
+      s.group_size = 64;
+      s.symmetric = seed % 3 != 0;
+      s.scale_dtype = DType::kF16;
+      const int64_t H = 1024;
+      const PackedTable host = random_packed(V, H, s, seed);
+      const Table dev = cuda::to_device(Table::packed(host));
+      const Tensor xh = random_tensor(DType::kBF16, M, H, seed + 1);
+      Tensor vals = poisoned_device(DType::kF32, {M, K}), ids = poisoned_device(DType::kI32, {M, K}),
+             lse = poisoned_device(DType::kF32, {M});
+      topk(dev, upload(xh).view(), K, vals.view(), ids.view(), lse.view());
+      const Tensor vh = download(vals), ih = download(ids), lh = download(lse);
+      ASSERT_EQ(count_nan(vh.view()) + count_nan(lh.view()), 0);
+      // Oracle over every row (M small enough here), f64.
+      const std::vector<float> xf = to_f32(xh.view());
+      const int64_t Mc = std::min<int64_t>(M, 4);  // rows of x fully checked against the f64 oracle
+      std::vector<int64_t> all(static_cast<size_t>(V));
+      std::iota(all.begin(), all.end(), 0);
+      const Oracle o = oracle(host, xf, Mc, all, 0.0);
+      for (int64_t m = 0; m < Mc; ++m) {
+        const double* ov = o.value.data() + m * V;
+        const double* ot = o.tol.data() + m * V;
+        std::vector<int64_t> order(static_cast<size_t>(V));
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                          [&](int64_t a, int64_t b) { return ov[a] > ov[b] || (ov[a] == ov[b] && a < b); });
+        const double kth = ov[order[size_t(K - 1)]];
+        double mx = -INFINITY, sum = 0;
+        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, ov[v]);
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(ov[v] - mx);
+        double max_tol = 0;
+        for (int64_t v = 0; v < V; ++v) max_tol = std::max(max_tol, ot[v]);
+        EXPECT_NEAR(lh.ptr<float>()[m], mx + std::log(sum), max_tol + 1e-6 * std::fabs(mx + std::log(sum)));
+        for (int64_t j = 0; j < K; ++j) {
+          const int id = ih.ptr<int32_t>()[m * K + j];
+          ASSERT_TRUE(id >= 0 && id < V) << "m " << m << " j " << j << " id " << id;
+          EXPECT_NEAR(vh.ptr<float>()[m * K + j], ov[id], ot[id]) << "value of id " << id;
+          // Each returned id is a true top-k id, or ties with the k-th within tolerance.
+          EXPECT_GE(ov[id], kth - 2 * ot[id]) << "id " << id << " is not in the top " << K;
+          if (j) EXPECT_GE(vh.ptr<float>()[m * K + j - 1], vh.ptr<float>()[m * K + j]) << "not sorted";
+        }
+      }
+      seed += 2;
+    }
+}
+
+TEST(Cuda, TopkTiesLowerIdFirst) {
+  SKIP_WITHOUT_GPU();
+  // Identical rows give bit-identical logits: the lower id must come first.
+  QuantScheme s;
+  s.bits = 4;
+  s.group_size = 64;
+  s.scale_dtype = DType::kF16;
+  PackedTable host = random_packed(64, 128, s, 5000);
+  const int64_t W = s.packed_cols(128);
+  for (int64_t v = 1; v < 64; v += 2) {  // odd rows copy the even row before them
+    std::memcpy(host.packed.ptr<int32_t>() + v * W, host.packed.ptr<int32_t>() + (v - 1) * W, size_t(W) * 4);
+    std::memcpy(static_cast<char*>(host.scale.data()) + v * 2 * 2, static_cast<char*>(host.scale.data()) + (v - 1) * 2 * 2, 4);
+  }
+  const Table dev = cuda::to_device(Table::packed(host));
+  const Tensor xh = random_tensor(DType::kF16, 2, 128, 5001);
+  TopK r = topk(dev, upload(xh).view(), 10);
+  const Tensor ih = download(r.ids), vh = download(r.values);
+  for (int m = 0; m < 2; ++m)
+    for (int j = 0; j + 1 < 10; ++j)
+      if (vh.ptr<float>()[m * 10 + j] == vh.ptr<float>()[m * 10 + j + 1])
+        EXPECT_LT(ih.ptr<int32_t>()[m * 10 + j], ih.ptr<int32_t>()[m * 10 + j + 1]);
+}
+
+TEST(Cuda, RescoreFromDenseRows) {
+  SKIP_WITHOUT_GPU();
+  const int64_t V = 5000, H = 1024, M = 3, K = 20;
+  const Tensor wh = random_tensor(DType::kBF16, V, H, 6000, -0.05, 0.05);
+  const Table dense_dev = cuda::to_device(Table::dense(Tensor::copy_of(wh.view())));
+  const Tensor xh = random_tensor(DType::kBF16, M, H, 6001);
+  Tensor cand = Tensor::empty(DType::kI32, {M, K});
+  for (int64_t i = 0; i < M * K; ++i) cand.ptr<int32_t>()[i] = int32_t((i * 7919) % V);
+  Rescored r = rescore(dense_dev, upload(xh).view(), upload(cand).view());
+  const Tensor vh = download(r.values), ih = download(r.ids);
+  const std::vector<float> w = to_f32(wh.view()), x = to_f32(xh.view());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < K; ++j) {
+      const int id = ih.ptr<int32_t>()[m * K + j];
+      const Dot d = dot_f64(x.data() + m * H, w.data() + int64_t(id) * H, H);
+      EXPECT_NEAR(vh.ptr<float>()[m * K + j], d.value, logit_tol(d, H));
+      if (j) EXPECT_GE(vh.ptr<float>()[m * K + j - 1], vh.ptr<float>()[m * K + j]);
+    }
+}
+
+TEST(Cuda, TiedTableIsOneAllocation) {
+  SKIP_WITHOUT_GPU();
+  for (bool sym : {true, false}) {
+    QuantScheme s;
+    s.bits = 4;
+    s.group_size = 64;
+    s.symmetric = sym;
+    const PackedTable host = random_packed(49152, 576, s, 7000);
+    const size_t before_n = cuda::allocation_count(), before_b = cuda::allocated_bytes();
+    const TokenTables roles = quantize_roles(cuda::to_device(Table::packed(host)), nullptr, std::nullopt, std::nullopt);
+    EXPECT_TRUE(roles.tied());
+    EXPECT_EQ(cuda::allocation_count() - before_n, 1u) << "packed + scale (+ zero points) in one allocation";
+    auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+    const size_t expect = up(host.packed.nbytes()) + up(host.scale.nbytes()) +
+                          (sym ? 0 : up(host.zero_point.nbytes()));
+    EXPECT_EQ(cuda::allocated_bytes() - before_b, expect);
+    EXPECT_EQ(roles.head.nbytes(), host.nbytes());
+  }
+}
+
+TEST(Cuda, ArgumentErrors) {
+  SKIP_WITHOUT_GPU();
+  QuantScheme s;
+  s.bits = 4;
+  s.group_size = 64;
+  const Table dev = cuda::to_device(Table::packed(random_packed(100, 128, s, 8000)));
+  const Tensor x32 = upload(random_tensor(DType::kF32, 2, 128, 8001));
+  Tensor out = cuda::empty(DType::kF32, {2, 100});
+  expect_error([&] { logits(dev, x32.view(), out.view()); }, ErrorCode::kInvalidArgument);  // f32 x on GPU
+  const Tensor xhost = random_tensor(DType::kF16, 2, 128, 8002);
+  expect_error([&] { logits(dev, xhost.view(), out.view()); }, ErrorCode::kInvalidArgument);  // x on the host
+}
+
+}  // namespace
+}  // namespace qhead
