@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace qhead::cli {
 
@@ -35,6 +36,18 @@ struct DemoArgs {
   bool keep = false;
 };
 int run_demo(const DemoArgs& a);
+
+struct BenchArgs {
+  std::vector<std::string> shapes;   // "VxH" (each may be a comma list); default: the shapes
+  std::vector<std::string> schemes;  // "w4g64" (each may be a comma list)
+  std::string m;                     // "1,8,32,256" (default)
+  int threads = 0;                   // 0: all cores
+  std::string device = "cpu";        // cpu | cuda
+  int64_t k = 50;
+  int reps = 0;                      // 0: auto
+  bool json = false;
+};
+int run_bench(const BenchArgs& a);
 
 // Shared by the commands: "1.23 MB".
 std::string human_bytes(double bytes);

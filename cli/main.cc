@@ -38,6 +38,20 @@ int main(int argc, char** argv) {
   demo->add_flag("--json", da.json, "machine-readable summary");
   demo->add_flag("--keep", da.keep, "keep the files written");
 
+  BenchArgs ba;
+  auto* bench = app.add_subcommand(
+      "bench", "Time dense BLAS, dequant + BLAS fallback, fused logits and fused top-k on the same tables, "
+               "against the memory read bandwidth measured in the same run");
+  bench->add_option("--shape", ba.shapes, "VxH (repeatable or comma-separated); default: the five issue shapes");
+  bench->add_option("--scheme", ba.schemes, "w4g64, w8g128, w4g128a, ... (repeatable or comma-separated)");
+  bench->add_option("--m", ba.m, "activation rows per call, comma-separated (default 1,8,32,256)");
+  bench->add_option("--threads", ba.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  bench->add_option("--device", ba.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+  bench->add_option("--k", ba.k, "top-k of the fused_topk path (default 50)")->check(CLI::PositiveNumber);
+  bench->add_option("--reps", ba.reps, "timed calls per path (default: auto, >= 5, about 1 s)")
+      ->check(CLI::NonNegativeNumber);
+  bench->add_flag("--json", ba.json, "a JSON array, one object per (shape, scheme, m, path)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -47,6 +61,7 @@ int main(int argc, char** argv) {
     if (*inspect) return run_inspect(ia);
     if (*quantize) return run_quantize(qa);
     if (*demo) return run_demo(da);
+    if (*bench) return run_bench(ba);
   } catch (const qhead::Error& e) {
     std::fprintf(stderr, "qhead: error: %s\n", e.what());
     return 2;

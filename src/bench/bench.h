@@ -1,0 +1,61 @@
+// qhead bench — the measurements behind `qhead bench` (internal to the CLI,
+// built into the library so the CUDA build can provide its own runner).
+//
+// One run measures, for each (shape, scheme, M), every path a user could take
+// — dense BLAS on the full-precision table, fallback (dequantize + BLAS),
+// fused logits, fused top-k — as the median µs per call after warm-up, and
+// judges it against a ceiling measured in the same run (memory read
+// bandwidth on the CPU). Caches are defeated by rotating among enough copies
+// of the table that their total is at least twice the last-level cache, or
+// the row says that the shape fits in cache.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace qhead::bench {
+
+struct BenchCase {
+  int64_t vocab = 0;   // V
+  int64_t hidden = 0;  // H
+  std::string scheme;  // a `qhead quantize` scheme name: "w4g64", "w8g128", "w4g128a"
+};
+
+struct BenchConfig {
+  std::vector<BenchCase> cases;            // (shape, scheme) pairs, in output order
+  std::vector<int64_t> m = {1, 8, 32, 256};  // activation rows per call
+  int threads = 0;                         // 0: all cores (CPU) / ignored (CUDA)
+  std::string device = "cpu";              // "cpu" | "cuda"
+  int64_t k = 50;                          // top-k
+  bool json = false;                       // output format (the CLI's business)
+  int reps = 0;                            // timed calls per path; 0: auto (>= 5, about 1 s)
+};
+
+// The default cases: 151936x1024 (w4g64, w8g128), 50304x512 (w4g64),
+// 128256x4096 (w4g128), 262144x640 (w4g64).
+std::vector<BenchCase> default_cases();
+
+// One measurement. JSON field names are stable (scripts depend on them):
+// shape, scheme, m, path, us_median, gbps, bw_fraction, speedup_vs_dense,
+// and, when known, read_ceiling_fraction, matrix_fraction, note.
+struct BenchRow {
+  std::string shape;   // "151936x1024" ("" for the ceiling row)
+  std::string scheme;  // "w4g64" ("" for the ceiling row)
+  int64_t m = 0;
+  std::string path;    // "dense", "fallback", "fused", "fused_topk", "ceiling" (+ device-specific extras)
+  double us_median = 0.0;         // median µs per call
+  double gbps = 0.0;              // table bytes read per call / time (the ceiling row: the measured bandwidth)
+  double bw_fraction = 0.0;       // gbps / measured read bandwidth of the same run
+  double speedup_vs_dense = 0.0;  // dense µs / this path's µs (0 when no dense row)
+  std::optional<double> read_ceiling_fraction;  // device-specific: fraction of a measured read ceiling
+  std::optional<double> matrix_fraction;        // device-specific: fraction of a measured matrix-unit rate
+  std::string note;               // cache residency, copies rotated, caveats
+};
+
+std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg);
+// Built with CUDA: src/cuda/; without: throws Error(kUnsupported, "bench", "built without CUDA").
+std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg);
+
+}  // namespace qhead::bench

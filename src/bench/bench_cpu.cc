@@ -1,0 +1,283 @@
+// run_cpu_bench: every CPU path on the same tables, against the memory read
+// bandwidth measured in the same run.
+//
+//   ceiling     a STREAM-like read (sum of 64-bit words) over a buffer of at
+//               least 4x the last-level cache, on the same thread count
+//   dense       OpenBLAS SGEMV (M = 1) / SGEMM on the f32 table
+//   fallback    qhead::logits_fallback: dequantize the whole table + SGEMM
+//   fused       qhead::logits (kAuto: the fused kernels of the best ISA)
+//   fused_topk  qhead::topk, k = cfg.k (the [M, V] logits are never written)
+//
+// Each path: 2 warm-up calls, then timed calls (cfg.reps, or >= 5 and about
+// 1 s), median reported. Every call uses the next of N copies of its table,
+// N chosen so that the copies total >= 2x the LLC (this machine's L3 is
+// 260 MB); when memory forbids that, the row's note says the table may be
+// cache-resident.
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench/bench.h"
+#include "qhead/error.h"
+#include "qhead/ops.h"
+#include "qhead/parallel.h"
+#include "qhead/quantize.h"
+
+namespace qhead::bench {
+
+std::vector<BenchCase> default_cases() {
+  return {{151936, 1024, "w4g64"}, {151936, 1024, "w8g128"}, {50304, 512, "w4g64"},
+          {128256, 4096, "w4g128"}, {262144, 640, "w4g64"}};
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Last-level cache size from sysfs (the largest cache level listed), or 32 MiB.
+int64_t llc_bytes() {
+  int64_t best = 0;
+  for (int i = 0; i < 8; ++i) {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i) + "/size");
+    std::string s;
+    if (!(f >> s) || s.empty()) continue;
+    int64_t v = std::atoll(s.c_str());
+    if (s.back() == 'K') v <<= 10;
+    if (s.back() == 'M') v <<= 20;
+    best = std::max(best, v);
+  }
+  return best > 0 ? best : (int64_t{32} << 20);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median seconds of call(i) over the timed calls, after two warm-up calls.
+template <class F>
+double time_median(int reps, F&& call) {
+  call(0);
+  call(1);
+  std::vector<double> t;
+  double total = 0.0;
+  for (int i = 0;; ++i) {
+    const auto t0 = Clock::now();
+    call(i + 2);
+    const double dt = seconds_since(t0);
+    t.push_back(dt);
+    total += dt;
+    const int done = i + 1;
+    if (reps > 0 ? done >= reps : (done >= 5 && (total > 1.0 || done >= 50))) break;
+  }
+  return median(t);
+}
+
+// The read ceiling: bytes / median time of a full pass over `buf`.
+double measure_read_gbps(int threads, int64_t llc, double* us) {
+  const int64_t bytes = std::max<int64_t>(int64_t{1} << 30, 4 * llc);
+  const int64_t words = bytes / 8;
+  std::unique_ptr<uint64_t[]> buf(new uint64_t[static_cast<size_t>(words)]);
+  // Touch every page with non-zero data (untouched zero pages all map to one
+  // physical page and would read from cache).
+  parallel_for(words, 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) buf[static_cast<size_t>(i)] = static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
+  }, threads);
+  volatile uint64_t sink = 0;
+  const double s = time_median(7, [&](int) {
+    std::vector<uint64_t> part(static_cast<size_t>(std::max(1, threads)) * 8, 0);
+    const int64_t chunk = (words + threads - 1) / threads;
+    parallel_for(threads, 1, [&](int64_t tb, int64_t te) {
+      for (int64_t t = tb; t < te; ++t) {
+        const uint64_t* p = buf.get() + t * chunk;
+        const int64_t n = std::min(chunk, words - t * chunk);
+        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        for (int64_t i = 0; i + 4 <= n; i += 4) {
+          a0 += p[i];
+          a1 += p[i + 1];
+          a2 += p[i + 2];
+          a3 += p[i + 3];
+        }
+        part[static_cast<size_t>(t) * 8] = a0 + a1 + a2 + a3;
+      }
+    }, threads);
+    uint64_t total = 0;
+    for (uint64_t v : part) total += v;
+    sink = sink + total;
+  });
+  *us = s * 1e6;
+  return static_cast<double>(bytes) / s / 1e9;
+}
+
+// Counter-based values: the same table on every run and thread count. Each
+// row gets a scale in [0.5, 1.5] x 0.02, values roughly N(0, 1) x that.
+uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+float unit(uint64_t x) { return static_cast<float>(splitmix(x) >> 40) * 0x1.0p-24f; }
+
+Tensor make_dense(int64_t v, int64_t h, int threads) {
+  Tensor t = Tensor::empty(DType::kF32, {v, h});
+  float* p = t.ptr<float>();
+  parallel_for(v, 256, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const float rs = 0.02f * (0.5f + unit(static_cast<uint64_t>(r) ^ 0xabcdefull));
+      for (int64_t j = 0; j < h; ++j) {
+        const uint64_t key = static_cast<uint64_t>(r * h + j) * 3;
+        p[r * h + j] = (unit(key) + unit(key + 1) + unit(key + 2) - 1.5f) * 2.0f * rs;
+      }
+    }
+  }, threads);
+  return t;
+}
+
+Table copy_packed(const Table& t) {
+  const PackedTable& p = t.packed();
+  PackedTable c;
+  c.scheme = p.scheme;
+  c.vocab = p.vocab;
+  c.hidden = p.hidden;
+  c.packed = Tensor::copy_of(p.packed.view());
+  c.scale = Tensor::copy_of(p.scale.view());
+  if (p.zero_point.defined()) c.zero_point = Tensor::copy_of(p.zero_point.view());
+  return Table::packed(std::move(c), "bench copy");
+}
+
+// Copies needed so that they total >= 2x the LLC, at most `cap`.
+int copies_for(size_t bytes, int64_t llc, int cap) {
+  const int64_t need = (2 * llc + static_cast<int64_t>(bytes) - 1) / static_cast<int64_t>(bytes);
+  return static_cast<int>(std::clamp<int64_t>(need, 1, cap));
+}
+
+std::string residency_note(int copies, size_t bytes, int64_t llc) {
+  const double total_mb = static_cast<double>(copies) * static_cast<double>(bytes) / 1e6;
+  char buf[160];
+  if (static_cast<double>(copies) * static_cast<double>(bytes) >= 2.0 * static_cast<double>(llc))
+    std::snprintf(buf, sizeof buf, "rotating %d cop%s, %.0f MB >= 2x LLC", copies, copies == 1 ? "y" : "ies", total_mb);
+  else
+    std::snprintf(buf, sizeof buf, "FITS IN CACHE: %d cop%s = %.0f MB < 2x LLC (%.0f MB)", copies,
+                  copies == 1 ? "y" : "ies", total_mb, 2.0 * static_cast<double>(llc) / 1e6);
+  return buf;
+}
+
+std::string shape_name(int64_t v, int64_t h) { return std::to_string(v) + "x" + std::to_string(h); }
+
+}  // namespace
+
+std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
+  const int threads = cfg.threads > 0 ? cfg.threads : default_num_threads();
+  if (cfg.threads > 0) {
+    // The fallback's dequantization uses parallel_for's default thread count.
+    setenv("QHEAD_NUM_THREADS", std::to_string(cfg.threads).c_str(), 1);
+  }
+  set_num_threads(threads);
+  openblas_set_num_threads(threads);
+  const int64_t llc = llc_bytes();
+  std::vector<BenchRow> rows;
+
+  double ceil_us = 0.0;
+  const double bw = measure_read_gbps(threads, llc, &ceil_us);
+  {
+    BenchRow r;
+    r.path = "ceiling";
+    r.us_median = ceil_us;
+    r.gbps = bw;
+    r.bw_fraction = 1.0;
+    r.note = "STREAM-like read of " + std::to_string(std::max<int64_t>(int64_t{1} << 30, 4 * llc) >> 20) +
+             " MiB, " + std::to_string(threads) + " threads, LLC " + std::to_string(llc >> 20) + " MiB; CPU path " +
+             cpu_isa_name(active_cpu_isa());
+    rows.push_back(r);
+  }
+
+  for (const BenchCase& c : cfg.cases) {
+    const QuantScheme scheme = QuantScheme::parse(c.scheme, DType::kBF16);
+    scheme.check_hidden(c.hidden, "bench", "--shape");
+    const std::string shape = shape_name(c.vocab, c.hidden);
+    // The f32 table (kept for the dense path) and its quantized copies.
+    Tensor dense = make_dense(c.vocab, c.hidden, threads);
+    const size_t dense_bytes = dense.nbytes();
+    const Table packed0 = Table::packed(quantize_rtn(dense.view(), scheme, threads, shape));
+    const size_t packed_bytes = packed0.nbytes();
+    std::vector<Table> packed{packed0};
+    const int n_packed = copies_for(packed_bytes, llc, 64);
+    for (int i = 1; i < n_packed; ++i) packed.push_back(copy_packed(packed0));
+    // Dense copies: as many as fit the same rule, but never more than 4 GB in all.
+    const int n_dense = copies_for(dense_bytes, llc, std::max<int>(1, static_cast<int>((int64_t{4} << 30) / static_cast<int64_t>(dense_bytes))));
+    std::vector<Tensor> dense_copies;
+    dense_copies.push_back(std::move(dense));
+    for (int i = 1; i < n_dense; ++i) dense_copies.push_back(Tensor::copy_of(dense_copies[0].view()));
+    const std::string packed_note = residency_note(n_packed, packed_bytes, llc);
+    const std::string dense_note = residency_note(n_dense, dense_bytes, llc);
+
+    for (int64_t m : cfg.m) {
+      const int64_t v = c.vocab, h = c.hidden;
+      Tensor x(Tensor::empty(DType::kF32, {m, h}));
+      for (int64_t i = 0; i < m * h; ++i) x.ptr<float>()[i] = 2.0f * unit(0x51ull * static_cast<uint64_t>(i) + 7) - 1.0f;
+      Tensor out = Tensor::empty(DType::kF32, {m, v});
+      const int64_t k = std::min<int64_t>(cfg.k, v);
+      Tensor vals = Tensor::empty(DType::kF32, {m, k}), ids = Tensor::empty(DType::kI32, {m, k}),
+             lse = Tensor::empty(DType::kF32, {m});
+
+      auto row = [&](const char* path, double s, size_t bytes, const std::string& note) {
+        BenchRow r;
+        r.shape = shape;
+        r.scheme = c.scheme;
+        r.m = m;
+        r.path = path;
+        r.us_median = s * 1e6;
+        r.gbps = static_cast<double>(bytes) / s / 1e9;
+        r.bw_fraction = r.gbps / bw;
+        r.note = note;
+        return r;
+      };
+      const double t_dense = time_median(cfg.reps, [&](int i) {
+        const float* w = dense_copies[static_cast<size_t>(i) % dense_copies.size()].ptr<float>();
+        if (m == 1)
+          cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(v), static_cast<int>(h), 1.0f, w,
+                      static_cast<int>(h), x.ptr<float>(), 1, 0.0f, out.ptr<float>(), 1);
+        else
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(v),
+                      static_cast<int>(h), 1.0f, x.ptr<float>(), static_cast<int>(h), w, static_cast<int>(h), 0.0f,
+                      out.ptr<float>(), static_cast<int>(v));
+      });
+      const double t_fallback = time_median(cfg.reps, [&](int i) {
+        logits_fallback(packed[static_cast<size_t>(i) % packed.size()], x.view(), out.view());
+      });
+      const double t_fused = time_median(cfg.reps, [&](int i) {
+        logits(packed[static_cast<size_t>(i) % packed.size()], x.view(), out.view());
+      });
+      const double t_topk = time_median(cfg.reps, [&](int i) {
+        topk(packed[static_cast<size_t>(i) % packed.size()], x.view(), k, vals.view(), ids.view(), lse.view());
+      });
+      BenchRow rd = row(m == 1 ? "dense" : "dense", t_dense, dense_bytes,
+                        std::string(m == 1 ? "OpenBLAS sgemv" : "OpenBLAS sgemm") + " on the f32 table; " + dense_note);
+      rd.speedup_vs_dense = 1.0;
+      rows.push_back(rd);
+      for (auto [path, t, note] : {std::tuple<const char*, double, std::string>{"fallback", t_fallback,
+                                                                               "dequantize to f32 + OpenBLAS; " + packed_note},
+                                   {"fused", t_fused, packed_note},
+                                   {"fused_topk", t_topk, "k = " + std::to_string(k) + "; " + packed_note}}) {
+        BenchRow r = row(path, t, packed_bytes, note);
+        r.speedup_vs_dense = t_dense / t;
+        rows.push_back(r);
+      }
+    }
+  }
+  return rows;
+}
+
+}  // namespace qhead::bench
