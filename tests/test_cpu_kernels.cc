@@ -1,0 +1,427 @@
+// The CPU fast paths (src/ops/cpu/): every ISA path this CPU can run, forced
+// one at a time, against the float64 oracle on the dequantized weights with
+// the f32 dot-product bound γ_H Σ|x·w| (test_util.h), outputs NaN-poisoned
+// before each call.
+//
+// Coverage and sampling (CI runs this in Release and under ASan/UBSan on 2
+// cores, so the sweep is sized to stay well under a minute in Release):
+//   - the full cross product ISA × bits {4, 8} × group {32, 64, 128, per row}
+//     × sym/asym × activation dtype {F32, F16, BF16} runs on small shapes
+//     (V = 1, 3, 67; H = 64, 576 where the group divides; M = 1, 3, 17), with
+//     the scale dtype rotating through F16/BF16/F32 across cases;
+//   - V = 50257 (not a multiple of the 64-row blocks nor of any row tile),
+//     M = 1, 17 and 256, H = 1024, runs for a subset of schemes and checks a
+//     sample of rows (every 97th plus the first and last 130) against the
+//     oracle — the oracle in double is the slow part, not the kernel;
+//   - thread counts 1, 2, 3 give bitwise-identical logits and top-k.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/thread_pool.h"
+#include "qhead/ops.h"
+#include "qhead/quantize.h"
+#include "test_util.h"
+
+namespace qhead::test {
+namespace {
+
+// Forces an ISA (and optionally a thread count) for the scope of a test.
+struct CpuGuard {
+  explicit CpuGuard(CpuIsa isa, int threads = 0) {
+    set_cpu_isa(isa);
+    set_num_threads(threads);
+  }
+  ~CpuGuard() {
+    set_cpu_isa(CpuIsa::kAuto);
+    set_num_threads(0);
+  }
+};
+
+// The fast ISA paths this CPU runs (the reference is the oracle's business).
+std::vector<CpuIsa> fast_isas() {
+  std::vector<CpuIsa> out;
+  for (CpuIsa i : available_cpu_isas())
+    if (i != CpuIsa::kReference) out.push_back(i);
+  return out;
+}
+
+QuantScheme scheme_of(int bits, int group, bool sym, DType scale_dtype) {
+  QuantScheme s;
+  s.bits = bits;
+  s.group_size = group;
+  s.symmetric = sym;
+  s.scale_dtype = scale_dtype;
+  return s;
+}
+
+// Rows of the table dequantized as the library contract says, rounded once
+// to f32 (the operands the kernels must use).
+std::vector<float> dequant_rows_f32(const PackedTable& p, const std::vector<int64_t>& rows) {
+  std::vector<double> d(static_cast<size_t>(p.hidden));
+  std::vector<float> out(rows.size() * static_cast<size_t>(p.hidden));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    dequant_row_expected(p, rows[i], d.data());
+    for (int64_t j = 0; j < p.hidden; ++j) out[i * static_cast<size_t>(p.hidden) + static_cast<size_t>(j)] = static_cast<float>(d[static_cast<size_t>(j)]);
+  }
+  return out;
+}
+
+// Every row for small V; for large V every 97th row plus the first and last 130.
+std::vector<int64_t> sample_rows(int64_t v) {
+  std::vector<int64_t> r;
+  for (int64_t i = 0; i < v; ++i)
+    if (v <= 400 || i < 130 || i >= v - 130 || i % 97 == 0) r.push_back(i);
+  return r;
+}
+
+// Checks out[M, V] against the oracle on the sampled rows; returns the number of failures.
+int check_logits(const PackedTable& p, const TensorView& x, const TensorView& out, const std::string& what) {
+  const int64_t m = x.size(0), h = x.size(1), v = p.vocab;
+  const std::vector<float> xf = to_f32(x);
+  const std::vector<int64_t> rows = sample_rows(v);
+  const std::vector<float> w = dequant_rows_f32(p, rows);
+  const float* o = out.ptr<float>();
+  int bad = 0;
+  for (int64_t i = 0; i < m; ++i)
+    for (size_t ri = 0; ri < rows.size(); ++ri) {
+      const Dot d = dot_f64(xf.data() + i * h, w.data() + ri * static_cast<size_t>(h), h);
+      const float got = o[i * v + rows[ri]];
+      const double err = std::fabs(static_cast<double>(got) - d.value);
+      if (!(err <= logit_tol(d, h)) && bad++ < 3)
+        ADD_FAILURE() << what << ": logit[" << i << ", " << rows[ri] << "] = " << got << ", oracle " << d.value
+                      << ", |err| " << err << " > bound " << logit_tol(d, h);
+    }
+  return bad;
+}
+
+struct Case {
+  int64_t v, h, m;
+};
+
+TEST(CpuKernels, ReportsIsas) {
+  const auto isas = available_cpu_isas();
+  ASSERT_FALSE(isas.empty());
+  EXPECT_EQ(isas.front(), CpuIsa::kReference);
+  std::string names;
+  for (CpuIsa i : isas) names += std::string(cpu_isa_name(i)) + " ";
+  std::printf("[ INFO     ] CPU paths: %s(kAuto runs %s)\n", names.c_str(), cpu_isa_name(active_cpu_isa()));
+  for (CpuIsa i : {CpuIsa::kAvx2, CpuIsa::kAvx512})
+    if (std::find(isas.begin(), isas.end(), i) == isas.end())
+      expect_error([&] { set_cpu_isa(i); }, ErrorCode::kUnsupported);
+}
+
+// The full cross product on small, awkward shapes.
+TEST(CpuKernels, LogitsSweepSmallShapes) {
+  const std::vector<Case> cases = {{1, 64, 1}, {3, 576, 3}, {67, 64, 17}, {3, 64, 256}};
+  const DType scale_dtypes[] = {DType::kF16, DType::kBF16, DType::kF32};
+  int n = 0;
+  for (CpuIsa isa : fast_isas()) {
+    CpuGuard g(isa);
+    for (int bits : {4, 8})
+      for (int group : {32, 64, 128, -1})
+        for (bool sym : {true, false})
+          for (DType xt : {DType::kF32, DType::kF16, DType::kBF16})
+            for (const Case& c : cases) {
+              if (group > 0 && c.h % group != 0) continue;
+              const QuantScheme s = scheme_of(bits, group, sym, scale_dtypes[n % 3]);
+              ++n;
+              const PackedTable p = random_packed(c.v, c.h, s, 1000 + static_cast<uint64_t>(n));
+              const Table t = Table::packed(p);
+              const Tensor x = random_tensor(xt, c.m, c.h, 7 + static_cast<uint64_t>(n));
+              Tensor out = Tensor::empty(DType::kF32, {c.m, c.v});
+              poison(out.view());
+              ASSERT_TRUE(cpu::logits(t, x.view(), out.view())) << "fast path declined " << s.name();
+              const std::string what = std::string(cpu_isa_name(isa)) + " " + s.name() + " scale " +
+                                       dtype_name(s.scale_dtype) + " x " + dtype_name(xt) + " V=" +
+                                       std::to_string(c.v) + " H=" + std::to_string(c.h) + " M=" + std::to_string(c.m);
+              EXPECT_EQ(count_nan(out.view()), 0) << what;
+              EXPECT_EQ(check_logits(p, x.view(), out.view(), what), 0) << what;
+            }
+  }
+  EXPECT_GT(n, 0);
+}
+
+// V = 50257 (a partial last block and row tile), H = 1024, M = 1, 17, 256, a
+// subset of schemes; sampled rows.
+TEST(CpuKernels, LogitsLargeVocabSampled) {
+  struct Big {
+    int bits, group;
+    bool sym;
+    DType scale, x;
+    int64_t m;
+  };
+  const std::vector<Big> big = {
+      {4, 64, true, DType::kF16, DType::kF32, 1},    {4, 128, false, DType::kBF16, DType::kBF16, 17},
+      {8, 128, true, DType::kBF16, DType::kF16, 1},  {8, -1, false, DType::kF32, DType::kF32, 17},
+      {4, 32, true, DType::kF32, DType::kF16, 256},
+  };
+  const int64_t v = 50257, h = 1024;
+  int n = 0;
+  for (const Big& b : big) {
+    const QuantScheme s = scheme_of(b.bits, b.group, b.sym, b.scale);
+    const PackedTable p = random_packed(v, h, s, 77 + static_cast<uint64_t>(n));
+    const Table t = Table::packed(p);
+    const Tensor x = random_tensor(b.x, b.m, h, 99 + static_cast<uint64_t>(n++));
+    for (CpuIsa isa : fast_isas()) {
+      if (b.m == 256 && isa != active_cpu_isa() && isa != fast_isas().back()) continue;  // M=256 on the best ISA only
+      CpuGuard g(isa);
+      Tensor out = Tensor::empty(DType::kF32, {b.m, v});
+      poison(out.view());
+      logits(t, x.view(), out.view());
+      const std::string what = std::string(cpu_isa_name(isa)) + " " + s.name() + " M=" + std::to_string(b.m);
+      EXPECT_EQ(count_nan(out.view()), 0) << what;
+      EXPECT_EQ(check_logits(p, x.view(), out.view(), what), 0) << what;
+    }
+  }
+}
+
+// 1, 2 and 3 threads compute every logit identically (each (row, m) result
+// depends only on the ISA), and top-k with them.
+TEST(CpuKernels, ThreadCountsGiveIdenticalResults) {
+  const QuantScheme s = scheme_of(4, 64, false, DType::kF16);
+  const int64_t v = 50257, h = 64, m = 3, k = 50;
+  const Table t = Table::packed(random_packed(v, h, s, 5));
+  const Tensor x = random_tensor(DType::kF32, m, h, 6);
+  for (CpuIsa isa : fast_isas()) {
+    std::vector<float> first;
+    std::vector<int32_t> first_ids;
+    for (int threads : {1, 2, 3}) {
+      CpuGuard g(isa, threads);
+      EXPECT_EQ(num_threads(), threads);
+      Tensor out = Tensor::empty(DType::kF32, {m, v});
+      poison(out.view());
+      logits(t, x.view(), out.view());
+      Tensor vals = Tensor::empty(DType::kF32, {m, k}), ids = Tensor::empty(DType::kI32, {m, k}),
+             lse = Tensor::empty(DType::kF32, {m});
+      poison(vals.view());
+      poison(ids.view(), -1);
+      poison(lse.view());
+      topk(t, x.view(), k, vals.view(), ids.view(), lse.view());
+      std::vector<float> o(out.ptr<float>(), out.ptr<float>() + m * v);
+      std::vector<int32_t> id(ids.ptr<int32_t>(), ids.ptr<int32_t>() + m * k);
+      if (first.empty()) {
+        first = o;
+        first_ids = id;
+      } else {
+        EXPECT_EQ(0, std::memcmp(first.data(), o.data(), o.size() * sizeof(float)))
+            << cpu_isa_name(isa) << " threads=" << threads;
+        EXPECT_EQ(first_ids, id) << cpu_isa_name(isa) << " threads=" << threads;
+      }
+    }
+  }
+}
+
+// top-k against the fused logits of the same ISA: the ids and values are
+// exactly the k best (larger value, then lower id) of those logits, and the
+// log-sum-exp is within the logit bound (LSE is 1-Lipschitz in the max norm)
+// plus the vectorized exp and summation error of the double LSE of the oracle.
+TEST(CpuKernels, TopkMatchesFusedLogitsAndOracleLse) {
+  struct TkCase {
+    int64_t v, h, m, k;
+    int bits, group;
+    bool sym;
+    DType x;
+  };
+  const std::vector<TkCase> cases = {
+      {1, 64, 1, 1, 4, 32, true, DType::kF32},          {3, 576, 3, 3, 8, 64, false, DType::kBF16},
+      {50257, 64, 1, 50, 4, 64, true, DType::kF16},      {50257, 128, 17, 50, 8, -1, false, DType::kF32},
+      {1000, 64, 3, 1000, 4, -1, false, DType::kF32},   {131, 64, 256, 7, 4, 64, true, DType::kBF16},
+  };
+  int n = 0;
+  for (const TkCase& c : cases) {
+    const QuantScheme s = scheme_of(c.bits, c.group, c.sym, n % 2 ? DType::kBF16 : DType::kF16);
+    const PackedTable p = random_packed(c.v, c.h, s, 300 + static_cast<uint64_t>(n));
+    const Table t = Table::packed(p);
+    const Tensor x = random_tensor(c.x, c.m, c.h, 400 + static_cast<uint64_t>(n++));
+    for (CpuIsa isa : fast_isas()) {
+      CpuGuard g(isa);
+      const std::string what = std::string(cpu_isa_name(isa)) + " " + s.name() + " V=" + std::to_string(c.v) +
+                               " M=" + std::to_string(c.m) + " k=" + std::to_string(c.k);
+      Tensor out = Tensor::empty(DType::kF32, {c.m, c.v});
+      poison(out.view());
+      ASSERT_TRUE(cpu::logits(t, x.view(), out.view()));
+      Tensor vals = Tensor::empty(DType::kF32, {c.m, c.k}), ids = Tensor::empty(DType::kI32, {c.m, c.k}),
+             lse = Tensor::empty(DType::kF32, {c.m});
+      poison(vals.view());
+      poison(ids.view(), -1);
+      poison(lse.view());
+      ASSERT_TRUE(cpu::topk(t, x.view(), c.k, vals.view(), ids.view(), lse.view()));
+      const std::vector<float> xf = to_f32(x.view());
+      std::vector<int64_t> all_rows(static_cast<size_t>(c.v));
+      std::iota(all_rows.begin(), all_rows.end(), 0);
+      const std::vector<float> w = dequant_rows_f32(p, all_rows);
+      for (int64_t i = 0; i < c.m; ++i) {
+        const float* l = out.ptr<float>() + i * c.v;
+        std::vector<int32_t> order(static_cast<size_t>(c.v));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+        for (int64_t j = 0; j < c.k; ++j) {
+          ASSERT_EQ(ids.ptr<int32_t>()[i * c.k + j], order[static_cast<size_t>(j)]) << what << " m=" << i << " j=" << j;
+          ASSERT_EQ(vals.ptr<float>()[i * c.k + j], l[order[static_cast<size_t>(j)]]) << what;
+        }
+        // The oracle's log-sum-exp in double, and the largest logit bound.
+        double mx = -INFINITY, max_tol = 0.0;
+        std::vector<double> lo(static_cast<size_t>(c.v));
+        for (int64_t r = 0; r < c.v; ++r) {
+          const Dot d = dot_f64(xf.data() + i * c.h, w.data() + r * c.h, c.h);
+          lo[static_cast<size_t>(r)] = d.value;
+          mx = std::max(mx, d.value);
+          max_tol = std::max(max_tol, logit_tol(d, c.h));
+        }
+        double sum = 0.0;
+        for (double v : lo) sum += std::exp(v - mx);
+        const double want = mx + std::log(sum);
+        const double tol = max_tol + 4e-6 + std::fabs(want) * kU32 * 2;
+        EXPECT_NEAR(lse.ptr<float>()[i], want, tol) << what << " m=" << i;
+      }
+    }
+  }
+}
+
+// Duplicate rows give exactly equal logits: top-k lists them lower id first,
+// on every ISA and thread count, as the reference does.
+TEST(CpuKernels, TopkTiesLowerIdFirst) {
+  const int64_t v = 2000, h = 64, k = 6;
+  Tensor dense = random_tensor(DType::kF32, v, h, 11, -0.1, 0.1);
+  float* d = dense.ptr<float>();
+  const std::vector<int64_t> dup = {3, 64, 65, 700, 1999};  // across blocks and row tiles
+  for (int64_t j = 0; j < h; ++j) d[dup[0] * h + j] = 1.0f;
+  for (int64_t r : dup) std::copy(d + dup[0] * h, d + dup[0] * h + h, d + r * h);
+  for (bool sym : {true, false}) {
+    const Table t = quantize_table(Table::dense(Tensor::copy_of(dense.view())),
+                                   scheme_of(4, 32, sym, DType::kF16));
+    Tensor x = Tensor::empty(DType::kF32, {2, h});
+    for (int64_t j = 0; j < 2 * h; ++j) x.ptr<float>()[j] = 1.0f;
+    TopK want;
+    {
+      CpuGuard g(CpuIsa::kReference);
+      want = topk(t, x.view(), k);
+    }
+    for (CpuIsa isa : fast_isas())
+      for (int threads : {1, 2, 3}) {
+        CpuGuard g(isa, threads);
+        const TopK got = topk(t, x.view(), k);
+        for (int64_t i = 0; i < 2; ++i) {
+          for (size_t j = 0; j < dup.size(); ++j)
+            EXPECT_EQ(got.ids.ptr<int32_t>()[i * k + static_cast<int64_t>(j)], dup[j])
+                << cpu_isa_name(isa) << " threads=" << threads << " sym=" << sym;
+          EXPECT_EQ(got.values.ptr<float>()[i * k], got.values.ptr<float>()[i * k + 4]);
+          for (int64_t j = 0; j < 5; ++j)
+            EXPECT_EQ(got.ids.ptr<int32_t>()[i * k + j], want.ids.ptr<int32_t>()[i * k + j]);
+        }
+      }
+  }
+}
+
+// Gather: bitwise equal to the reference (dequantization is exact; the
+// rounding into F16/BF16 is the library's one conversion).
+TEST(CpuKernels, EmbedMatchesReferenceExactly) {
+  int n = 0;
+  for (int bits : {4, 8})
+    for (int group : {32, 128, -1})
+      for (bool sym : {true, false}) {
+        const QuantScheme s = scheme_of(bits, group, sym, n % 3 == 0 ? DType::kF32 : n % 3 == 1 ? DType::kF16 : DType::kBF16);
+        const int64_t v = 301, h = 256;
+        const Table t = Table::packed(random_packed(v, h, s, 50 + static_cast<uint64_t>(n++)));
+        Tensor ids = Tensor::empty(DType::kI64, {300});
+        for (int64_t i = 0; i < 300; ++i) ids.ptr<int64_t>()[i] = (i * 37) % v;
+        ids.ptr<int64_t>()[0] = v - 1;
+        for (DType ot : {DType::kF32, DType::kF16, DType::kBF16}) {
+          Tensor want = Tensor::empty(ot, {300, h});
+          embed(t, ids.view(), want.view(), Backend::kReference);
+          for (CpuIsa isa : fast_isas()) {
+            CpuGuard g(isa);
+            Tensor got = Tensor::empty(ot, {300, h});
+            poison(got.view());
+            ASSERT_TRUE(cpu::embed(t, ids.view(), got.view()));
+            EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.nbytes()))
+                << cpu_isa_name(isa) << " " << s.name() << " out " << dtype_name(ot);
+          }
+        }
+      }
+}
+
+// rescore on dense F32/F16/BF16 rows: values within the bound, sorted, ties lower id first.
+TEST(CpuKernels, RescoreWithinBoundAndSorted) {
+  const int64_t v = 500, h = 1000, m = 3, k = 9;  // H not a multiple of any vector width
+  for (DType wt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const Tensor w = random_tensor(wt, v, h, 21);
+    const Table t = Table::dense(Tensor::copy_of(w.view()));
+    const Tensor x = random_tensor(DType::kBF16, m, h, 22);
+    Tensor cand = Tensor::empty(DType::kI32, {m, k});
+    for (int64_t i = 0; i < m * k; ++i) cand.ptr<int32_t>()[i] = static_cast<int32_t>((i * 53) % v);
+    cand.ptr<int32_t>()[1] = cand.ptr<int32_t>()[0];  // a duplicate candidate
+    const std::vector<float> xf = to_f32(x.view()), wf = to_f32(w.view());
+    for (CpuIsa isa : fast_isas()) {
+      CpuGuard g(isa);
+      Tensor vals = Tensor::empty(DType::kF32, {m, k}), ids = Tensor::empty(DType::kI32, {m, k});
+      poison(vals.view());
+      poison(ids.view(), -1);
+      ASSERT_TRUE(cpu::rescore(t, x.view(), cand.view(), vals.view(), ids.view()));
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < k; ++j) {
+          const int32_t id = ids.ptr<int32_t>()[i * k + j];
+          ASSERT_GE(id, 0);
+          const Dot d = dot_f64(xf.data() + i * h, wf.data() + id * h, h);
+          EXPECT_LE(std::fabs(vals.ptr<float>()[i * k + j] - d.value), logit_tol(d, h)) << cpu_isa_name(isa);
+          if (j > 0) {
+            const float a = vals.ptr<float>()[i * k + j - 1], b = vals.ptr<float>()[i * k + j];
+            EXPECT_TRUE(a > b || (a == b && ids.ptr<int32_t>()[i * k + j - 1] <= id));
+          }
+        }
+    }
+  }
+}
+
+// What the fast path declines runs the reference: 3-bit, a dense table, a
+// per-row group not a multiple of 32, the reference forced.
+TEST(CpuKernels, DeclinedCasesFallBackToReference) {
+  const Tensor x = random_tensor(DType::kF32, 2, 96, 1);
+  Tensor out = Tensor::empty(DType::kF32, {2, 5});
+  const Table w3 = Table::packed(random_packed(5, 96, scheme_of(3, 32, true, DType::kF16), 2));
+  EXPECT_FALSE(cpu::logits(w3, x.view(), out.view()));
+  const Tensor x48 = random_tensor(DType::kF32, 2, 48, 1);
+  const Table w4_48 = Table::packed(random_packed(5, 48, scheme_of(4, -1, true, DType::kF16), 3));
+  EXPECT_FALSE(cpu::logits(w4_48, x48.view(), out.view()));
+  const Table dense = Table::dense(random_tensor(DType::kF32, 5, 96, 4));
+  EXPECT_FALSE(cpu::logits(dense, x.view(), out.view()));
+  {
+    CpuGuard g(CpuIsa::kReference);
+    const Table w4 = Table::packed(random_packed(5, 96, scheme_of(4, 32, true, DType::kF16), 5));
+    EXPECT_FALSE(cpu::logits(w4, x.view(), out.view()));
+  }
+  // Through the public op (kAuto), the 3-bit table still gives oracle-exact results.
+  poison(out.view());
+  logits(w3, x.view(), out.view());
+  EXPECT_EQ(check_logits(w3.packed(), x.view(), out.view(), "w3 via reference"), 0);
+}
+
+TEST(CpuThreadPool, RunsEveryTaskOnceAndRethrows) {
+  for (int threads : {1, 2, 3}) {
+    cpu::ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    std::vector<std::atomic<int>> hits(1000);
+    pool.run(1000, [&](int64_t t, int w) {
+      ASSERT_LT(w, threads);
+      hits[static_cast<size_t>(t)]++;
+      pool.run(2, [](int64_t, int) {});  // nested: runs inline
+    });
+    for (auto& h : hits) EXPECT_EQ(h.load(), 1);
+    EXPECT_THROW(pool.run(100, [](int64_t t, int) {
+      if (t == 37) throw Error(ErrorCode::kInternal, "test", "task 37");
+    }),
+                 Error);
+    int after = 0;
+    pool.run(1, [&](int64_t, int) { ++after; });  // still usable
+    EXPECT_EQ(after, 1);
+  }
+}
+
+}  // namespace
+}  // namespace qhead::test
