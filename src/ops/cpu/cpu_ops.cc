@@ -166,21 +166,36 @@ bool packed_args(const Table& t, PackedArgs& a) {
   return true;
 }
 
-// The activations as f32 [M, H]; for 4-bit tables each chunk of `chunk`
-// elements is permuted to the nibble order the kernel produces: the even
-// elements of the chunk, then the odd ones.
-std::vector<float> prepare_x(const TensorView& x, int bits, int chunk) {
+// The activations as f32, laid out as the kernel reads them (kernels.h,
+// logits_block): per block of mb = m_block(M - m0) rows, [H / ce][mb][ce]
+// panels; for 4-bit tables each chunk of ce elements is permuted to the
+// nibble order the kernel produces (the even elements, then the odd ones).
+// The weights are used as stored; the activations move instead (once per call).
+std::vector<float> prepare_x(const TensorView& x, int bits, const KernelTable& k) {
   const int64_t m = x.size(0), h = x.size(1);
   std::vector<float> xf(static_cast<size_t>(m * h));
   convert(x.data, x.dtype, xf.data(), DType::kF32, m * h);
-  if (bits != 4) return xf;
   std::vector<float> xp(xf.size());
-  const int half = chunk / 2;
-  for (int64_t i = 0; i < m * h; i += chunk)
-    for (int e = 0; e < half; ++e) {
-      xp[static_cast<size_t>(i + e)] = xf[static_cast<size_t>(i + 2 * e)];
-      xp[static_cast<size_t>(i + half + e)] = xf[static_cast<size_t>(i + 2 * e + 1)];
-    }
+  const int64_t ce = bits == 4 ? k.chunk4 : k.chunk8;
+  const int64_t half = ce / 2;
+  for (int64_t m0 = 0; m0 < m;) {
+    const int64_t mb = m_block(m - m0);
+    float* panel = xp.data() + m0 * h;
+    for (int64_t c = 0; c < h / ce; ++c)
+      for (int64_t i = 0; i < mb; ++i) {
+        const float* src = xf.data() + (m0 + i) * h + c * ce;
+        float* dst = panel + (c * mb + i) * ce;
+        if (bits == 4) {
+          for (int64_t e = 0; e < half; ++e) {
+            dst[e] = src[2 * e];
+            dst[half + e] = src[2 * e + 1];
+          }
+        } else {
+          std::copy(src, src + ce, dst);
+        }
+      }
+    m0 += mb;
+  }
   return xp;
 }
 
@@ -201,7 +216,7 @@ bool logits(const Table& table, const TensorView& x, const TensorView& out) {
   if (k == nullptr || !packed_args(table, a)) return false;
   const int64_t m = x.size(0), v = a.vocab;
   if (m == 0) return true;
-  const std::vector<float> xp = prepare_x(x, a.bits, k->chunk4);
+  const std::vector<float> xp = prepare_x(x, a.bits, *k);
   auto p = pool();
   std::vector<std::vector<float>> scratch(static_cast<size_t>(p->size()));
   float* o = out.ptr<float>();
@@ -221,7 +236,7 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   if (kt == nullptr || !packed_args(table, a)) return false;
   const int64_t m = x.size(0), v = a.vocab;
   if (m == 0) return true;
-  const std::vector<float> xp = prepare_x(x, a.bits, kt->chunk4);
+  const std::vector<float> xp = prepare_x(x, a.bits, *kt);
   auto p = pool();
 
   // Per thread: a [M, kBlockRows] logits buffer (the [M, V] logits are never

@@ -33,16 +33,27 @@ struct PackedArgs {
 // sized by this): cpu_ops.cc splits the vocab into blocks of this many rows.
 constexpr int64_t kBlockRows = 64;
 
+namespace {
+// The activation rows are processed in blocks of m_block(rows left) = 8, 4,
+// 2 or 1; cpu_ops.cc lays the activations out in the same blocks (internal
+// linkage: each TU has its own copy, so no ISA-compiled copy is shared).
+constexpr int64_t m_block(int64_t left) { return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
+}  // namespace
+
 // One ISA's kernels.
 struct KernelTable {
   const char* name;  // "avx2", "avx512"
-  // Elements per 4-bit chunk (two vectors): the activations of 4-bit tables
-  // are permuted per chunk to match the nibble order, see permute_x_4bit().
-  int chunk4;
+  // Elements per chunk of a 4-bit (two vectors) and an 8-bit (one vector)
+  // row: the kernel consumes a chunk of every tile row at a time.
+  int chunk4, chunk8;
 
   // out[m * ldo + (r - r0)] = Σ_j x[m, j] · w[r, j] for r in [r0, r1), m in
-  // [0, M). r1 - r0 <= kBlockRows. xp: the activations as f32 [M, H] (row
-  // stride H), permuted per chunk for 4-bit tables. scratch: at least
+  // [0, M). r1 - r0 <= kBlockRows. xp: the activations as f32 in panels
+  // (see cpu_ops.cc prepare_x): for each block of mb = m_block(M - m0) rows
+  // starting at m0, at xp + m0·H, [H / CE chunks][mb][CE] — so the kernel
+  // reads one chunk of every activation row of the block from one base
+  // pointer; for 4-bit tables each chunk's CE elements are in nibble order
+  // (even elements, then odd). scratch: at least
   // 2 * kBlockRows * G floats. Each (r, m) result depends only on the ISA, not
   // on the block split or the thread that computes it.
   void (*logits_block)(const PackedArgs& a, const float* xp, int64_t m, int64_t r0, int64_t r1,

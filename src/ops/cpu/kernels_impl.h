@@ -102,14 +102,16 @@ inline VF vload_partial(const float* p, int64_t n, float fill) {
   const __mmask16 k = static_cast<__mmask16>((1u << n) - 1u);
   return _mm512_mask_loadu_ps(vset(fill), k, p);
 }
-// Dequantizers: setup(s, zc) once per group, unpack(p, w) per chunk of CE
-// weights (BYTES packed bytes) into NV vectors, in the chunk's lane order.
+// Dequantizers: setup(s, zf) once per group (s the f32 scale, zf the stored
+// zero-point code as a float — an exact small integer, so float(c) - zf is
+// exactly float(q - z)), unpack(p, w) per chunk of CE weights (BYTES packed
+// bytes) into NV vectors, in the chunk's lane order.
 struct Deq4 {
   static constexpr int NV = 2, CE = 32, BYTES = 16;
   VF tbl;
-  void setup(float s, int zc) {
+  void setup(float s, float zf) {  // 2 vector ops (sub, mul), broadcasts folded into the operands
     const VF iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    tbl = vmul(_mm512_sub_ps(iota, vset(static_cast<float>(zc))), vset(s));
+    tbl = vmul(_mm512_sub_ps(iota, vset(zf)), vset(s));
   }
   void unpack(const uint8_t* p, VF* w) const {
     const VI v = widen_bytes(p);
@@ -180,13 +182,12 @@ inline VF vload_partial(const float* p, int64_t n, float fill) {
 }
 struct Deq4 {
   static constexpr int NV = 2, CE = 16, BYTES = 8;
-  VF s;
-  VI zc;
-  void setup(float sc, int z) { s = vset(sc); zc = vset_i(z); }
+  VF s, zf;
+  void setup(float sc, float z) { s = vset(sc); zf = vset(z); }
   void unpack(const uint8_t* p, VF* w) const {
     const VI v = widen_bytes(p);
-    w[0] = vmul(vcvt(vsub_i(_mm256_and_si256(v, vset_i(15)), zc)), s);  // codes 0, 2, ..., 14
-    w[1] = vmul(vcvt(vsub_i(_mm256_srli_epi32(v, 4), zc)), s);          // codes 1, 3, ..., 15
+    w[0] = vmul(vsub(vcvt(_mm256_and_si256(v, vset_i(15))), zf), s);  // codes 0, 2, ..., 14
+    w[1] = vmul(vsub(vcvt(_mm256_srli_epi32(v, 4)), zf), s);          // codes 1, 3, ..., 15
   }
 };
 inline void interleave(VF even, VF odd, float* out) {
@@ -199,10 +200,9 @@ inline void interleave(VF even, VF odd, float* out) {
 
 struct Deq8 {
   static constexpr int NV = 1, CE = W, BYTES = W;
-  VF s;
-  VI zc;
-  void setup(float sc, int z) { s = vset(sc); zc = vset_i(z); }
-  void unpack(const uint8_t* p, VF* w) const { w[0] = vmul(vcvt(vsub_i(widen_bytes(p), zc)), s); }
+  VF s, zf;
+  void setup(float sc, float z) { s = vset(sc); zf = vset(z); }
+  void unpack(const uint8_t* p, VF* w) const { w[0] = vmul(vsub(vcvt(widen_bytes(p)), zf), s); }
 };
 
 template <class D> constexpr int kBits = 0;
@@ -246,12 +246,12 @@ void load_scales(const PackedArgs& a, int64_t r0, int64_t n, float* sc) {
 }
 
 // zc[i·G + g] = stored zero-point code of row r0 + i, group g (the offset
-// 2^(b-1) when symmetric): q - z = stored_code - zc. Bits 4 and 8 never
-// straddle a word of the dim-0-packed zero-point tensor.
-void load_zero_codes(const PackedArgs& a, int64_t r0, int64_t n, int32_t* zc) {
+// 2^(b-1) when symmetric), as a float: q - z = stored_code - zc. Bits 4 and
+// 8 never straddle a word of the dim-0-packed zero-point tensor.
+void load_zero_codes(const PackedArgs& a, int64_t r0, int64_t n, float* zc) {
   const int64_t g_cols = a.groups;
   if (a.zero_point == nullptr) {
-    for (int64_t i = 0; i < n * g_cols; ++i) zc[i] = 1 << (a.bits - 1);
+    for (int64_t i = 0; i < n * g_cols; ++i) zc[i] = static_cast<float>(1 << (a.bits - 1));
     return;
   }
   const uint32_t mask = (1u << a.bits) - 1u;
@@ -259,7 +259,7 @@ void load_zero_codes(const PackedArgs& a, int64_t r0, int64_t n, int32_t* zc) {
     const int64_t bit = (r0 + i) * a.bits;
     const uint32_t* words = reinterpret_cast<const uint32_t*>(a.zero_point) + (bit >> 5) * g_cols;
     const int sh = static_cast<int>(bit & 31);
-    for (int64_t g = 0; g < g_cols; ++g) zc[i * g_cols + g] = static_cast<int32_t>((words[g] >> sh) & mask);
+    for (int64_t g = 0; g < g_cols; ++g) zc[i * g_cols + g] = static_cast<float>((words[g] >> sh) & mask);
   }
 }
 
@@ -269,24 +269,29 @@ void load_zero_codes(const PackedArgs& a, int64_t r0, int64_t n, int32_t* zc) {
 // activation row m (xp + m·h). sc / zc: the tile's scales and zero codes,
 // row stride g_cols.
 template <class D, int RT, int MB>
-inline void micro(const uint8_t* const* rows, const float* sc, const int32_t* zc, int64_t g_cols,
-                  int64_t gl, const float* xp, int64_t h, float* res) {
+inline void micro(const uint8_t* const* rows, const float* sc, const float* zc, int64_t g_cols,
+                  int64_t gl, const float* xp, float* res) {
   VF acc[RT][MB];
   QHEAD_UNROLL for (int r = 0; r < RT; ++r)
     QHEAD_UNROLL for (int m = 0; m < MB; ++m) acc[r][m] = vzero();
+  const int64_t chunks = gl / D::CE;  // per group
+  int64_t byte = 0;                   // offset of the current chunk in each row
+  const float* x = xp;                // the activation panel of the current chunk: [MB][CE]
   for (int64_t g = 0; g < g_cols; ++g) {
     D d[RT];
     QHEAD_UNROLL for (int r = 0; r < RT; ++r) d[r].setup(sc[r * g_cols + g], zc[r * g_cols + g]);
-    const int64_t j1 = (g + 1) * gl;
-    for (int64_t j = g * gl; j < j1; j += D::CE) {
-      const int64_t byte = (j / D::CE) * D::BYTES;
-      QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
-        VF w[D::NV];
-        d[r].unpack(rows[r] + byte, w);
-        QHEAD_UNROLL for (int m = 0; m < MB; ++m)
-          QHEAD_UNROLL for (int v = 0; v < D::NV; ++v)
-            acc[r][m] = vfma(w[v], vload(xp + m * h + j + v * W), acc[r][m]);
-      }
+    for (int64_t c = 0; c < chunks; ++c, byte += D::BYTES, x += MB * D::CE) {
+      // Dequantize the chunk of every tile row first, then load each
+      // activation vector once and use it for all RT rows: with x read from
+      // memory per FMA, the M = 8 tile was bound by L1/L2 load bandwidth.
+      VF w[RT][D::NV];
+      QHEAD_UNROLL for (int r = 0; r < RT; ++r) d[r].unpack(rows[r] + byte, w[r]);
+      QHEAD_UNROLL for (int m = 0; m < MB; ++m)
+        QHEAD_UNROLL for (int v = 0; v < D::NV; ++v) {
+          VF xv = vload(x + m * D::CE + v * W);
+          __asm__("" : "+v"(xv));  // keep it in a register: GCC would otherwise reload it per FMA
+          QHEAD_UNROLL for (int r = 0; r < RT; ++r) acc[r][m] = vfma(w[r][v], xv, acc[r][m]);
+        }
     }
   }
   QHEAD_UNROLL for (int r = 0; r < RT; ++r)
@@ -296,22 +301,22 @@ inline void micro(const uint8_t* const* rows, const float* sc, const int32_t* zc
 // Rows [0, n) of the block (first row r0) for activation rows [m0, m0 + MB).
 template <class D, int MB>
 void rows_for_mblock(const PackedArgs& a, const float* xp, int64_t m0, int64_t r0, int64_t n,
-                     const float* sc, const int32_t* zc, float* out, int64_t ldo) {
+                     const float* sc, const float* zc, float* out, int64_t ldo) {
   constexpr int RT = kRowTile<MB>;
-  const int64_t h = a.hidden, g_cols = a.groups;
-  const float* x = xp + m0 * h;
+  const int64_t g_cols = a.groups;
+  const float* x = xp + m0 * a.hidden;  // this m-block's panel
   float res[RT * MB];
   int64_t i = 0;
   for (; i + RT <= n; i += RT) {
     const uint8_t* rows[RT];
     for (int r = 0; r < RT; ++r) rows[r] = a.packed + (r0 + i + r) * a.row_bytes;
-    micro<D, RT, MB>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, h, res);
+    micro<D, RT, MB>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, res);
     for (int r = 0; r < RT; ++r)
       for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i + r] = res[r * MB + m];
   }
   for (; i < n; ++i) {  // the last rows of the block, one at a time
     const uint8_t* rows[1] = {a.packed + (r0 + i) * a.row_bytes};
-    micro<D, 1, MB>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, h, res);
+    micro<D, 1, MB>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, res);
     for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i] = res[m];
   }
 }
@@ -321,25 +326,18 @@ void logits_block_t(const PackedArgs& a, const float* xp, int64_t m_total, int64
                     int64_t ldo, float* scratch) {
   const int64_t n = r1 - r0;
   float* sc = scratch;
-  int32_t* zc = reinterpret_cast<int32_t*>(scratch + kBlockRows * a.groups);
+  float* zc = scratch + kBlockRows * a.groups;
   load_scales(a, r0, n, sc);
   load_zero_codes(a, r0, n, zc);
-  int64_t m = 0;
-  while (m < m_total) {
-    const int64_t left = m_total - m;
-    if (left >= 8) {
-      rows_for_mblock<D, 8>(a, xp, m, r0, n, sc, zc, out, ldo);
-      m += 8;
-    } else if (left >= 4) {
-      rows_for_mblock<D, 4>(a, xp, m, r0, n, sc, zc, out, ldo);
-      m += 4;
-    } else if (left >= 2) {
-      rows_for_mblock<D, 2>(a, xp, m, r0, n, sc, zc, out, ldo);
-      m += 2;
-    } else {
-      rows_for_mblock<D, 1>(a, xp, m, r0, n, sc, zc, out, ldo);
-      m += 1;
+  for (int64_t m = 0; m < m_total;) {
+    const int64_t mb = m_block(m_total - m);
+    switch (mb) {
+      case 8: rows_for_mblock<D, 8>(a, xp, m, r0, n, sc, zc, out, ldo); break;
+      case 4: rows_for_mblock<D, 4>(a, xp, m, r0, n, sc, zc, out, ldo); break;
+      case 2: rows_for_mblock<D, 2>(a, xp, m, r0, n, sc, zc, out, ldo); break;
+      default: rows_for_mblock<D, 1>(a, xp, m, r0, n, sc, zc, out, ldo); break;
     }
+    m += mb;
   }
 }
 
@@ -358,7 +356,7 @@ void dequant_row(const PackedArgs& a, int64_t r, float* out) {
   const int64_t g_cols = a.groups, gl = a.group_len;
   for (int64_t g = 0; g < g_cols; ++g) {
     float s;  // scale (r, g) as f32
-    int32_t z;  // stored zero-point code of (r, g), or 2^(b-1)
+    float z;  // stored zero-point code of (r, g), or 2^(b-1)
     {
       const int64_t idx = r * g_cols + g;
       if (a.scale_kind == 0) {
@@ -370,11 +368,11 @@ void dequant_row(const PackedArgs& a, int64_t r, float* out) {
         std::memcpy(&s, &b, 4);
       }
       if (a.zero_point == nullptr) {
-        z = 1 << (a.bits - 1);
+        z = static_cast<float>(1 << (a.bits - 1));
       } else {
         const int64_t bit = r * a.bits;
         const uint32_t word = reinterpret_cast<const uint32_t*>(a.zero_point)[(bit >> 5) * g_cols + g];
-        z = static_cast<int32_t>((word >> (bit & 31)) & ((1u << a.bits) - 1u));
+        z = static_cast<float>((word >> (bit & 31)) & ((1u << a.bits) - 1u));
       }
     }
     if (a.bits == 4) {
@@ -452,7 +450,7 @@ float dot_dense(const float* x, const void* row, int kind, int64_t h) {
 }  // namespace
 
 const KernelTable kTable = {
-    QHEAD_ISA_NAME, Deq4::CE, &logits_block, &dequant_row, &max_of, &sum_exp, &dot_dense,
+    QHEAD_ISA_NAME, Deq4::CE, Deq8::CE, &logits_block, &dequant_row, &max_of, &sum_exp, &dot_dense,
 };
 
 }  // namespace qhead::cpu::QHEAD_ISA_NS
