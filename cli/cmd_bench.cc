@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench/bench.h"
@@ -61,24 +62,26 @@ nlohmann::json to_json(const bench::BenchRow& r) {
 void print_markdown(const bench::BenchConfig& cfg, const std::vector<bench::BenchRow>& rows) {
   std::vector<std::string> paths;  // columns, in order of first appearance
   for (const auto& r : rows)
-    if (r.path != "ceiling" && std::find(paths.begin(), paths.end(), r.path) == paths.end()) paths.push_back(r.path);
-  for (const auto& r : rows)
+    if (r.path != "ceiling" && r.path != "compute_ceiling" && std::find(paths.begin(), paths.end(), r.path) == paths.end()) paths.push_back(r.path);
+  for (const auto& r : rows) {
     if (r.path == "ceiling")
-      fmt::print("qhead bench --device {}: read ceiling {:.1f} GB/s ({})\n\n", cfg.device, r.gbps, r.note);
-  fmt::print("Cells: median µs per call (GB/s of table bytes, fraction of the read ceiling).\n\n");
+      fmt::print("qhead bench --device {}: read ceiling {:.1f} GB/s ({})\n", cfg.device, r.gbps, r.note);
+    if (r.path == "compute_ceiling") fmt::print("qhead bench --device {}: compute ceiling: {}\n", cfg.device, r.note);
+  }
+  fmt::print("\nCells: median µs per call (GB/s of table bytes, fraction of the read ceiling).\n\n");
   std::string head = "| shape | scheme | M |", rule = "|---|---|---:|";
   for (const auto& p : paths) {
     head += " " + p + " |";
     rule += "---:|";
   }
-  head += " fused vs dense | fused_topk / fused |";
-  rule += "---:|---:|";
+  head += " fused vs dense | fused_topk / fused | fused of FMA peak | CPU busy (fused) |";
+  rule += "---:|---:|---:|---:|";
   fmt::print("{}\n{}\n", head, rule);
   // Rows keyed by (shape, scheme, m) in order of first appearance.
   std::vector<std::tuple<std::string, std::string, int64_t>> keys;
   std::map<std::tuple<std::string, std::string, int64_t, std::string>, const bench::BenchRow*> cell;
   for (const auto& r : rows) {
-    if (r.path == "ceiling") continue;
+    if (r.path == "ceiling" || r.path == "compute_ceiling") continue;
     auto key = std::make_tuple(r.shape, r.scheme, r.m);
     if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
     cell[std::make_tuple(r.shape, r.scheme, r.m, r.path)] = &r;
@@ -97,14 +100,22 @@ void print_markdown(const bench::BenchConfig& cfg, const std::vector<bench::Benc
     line += (fused == cell.end() || topk == cell.end())
                 ? " – |"
                 : fmt::format(" {:.3f} |", topk->second->us_median / fused->second->us_median);
+    line += (fused == cell.end() || !fused->second->matrix_fraction)
+                ? " – |"
+                : fmt::format(" {:.0f}% |", 100.0 * *fused->second->matrix_fraction);
+    const size_t cpu_at = fused == cell.end() ? std::string::npos : fused->second->note.find("; cpu ");
+    line += cpu_at == std::string::npos ? std::string(" – |")
+                                        : fmt::format(" {} |", std::string_view(fused->second->note).substr(cpu_at + 6));
     fmt::print("{}\n", line);
   }
   // Notes: cache residency and caveats, once per (shape, scheme, path).
   std::set<std::string> seen;
   fmt::print("\nNotes:\n");
   for (const auto& r : rows) {
-    if (r.path == "ceiling" || r.note.empty()) continue;
-    const std::string n = fmt::format("- {} {} {}: {}", r.shape, r.scheme, r.path, r.note);
+    if (r.path == "ceiling" || r.path == "compute_ceiling" || r.note.empty()) continue;
+    // The CPU-busy part varies per M and is in the table; notes once per path.
+    const std::string note = r.note.substr(0, r.note.find("; cpu "));
+    const std::string n = fmt::format("- {} {} {}: {}", r.shape, r.scheme, r.path, note);
     if (seen.insert(n).second) fmt::print("{}\n", n);
   }
 }

@@ -44,7 +44,8 @@ struct BenchRow {
   std::string shape;   // "151936x1024" ("" for the ceiling row)
   std::string scheme;  // "w4g64" ("" for the ceiling row)
   int64_t m = 0;
-  std::string path;    // "dense", "fallback", "fused", "fused_topk", "ceiling" (+ device-specific extras)
+  std::string path;    // "dense", "fallback", "fused", "fused_topk", "ceiling" (read bandwidth),
+                       // "compute_ceiling" (CPU: f32 FMA rate), + device-specific extras
   double us_median = 0.0;         // median µs per call
   double gbps = 0.0;              // table bytes read per call / time (the ceiling row: the measured bandwidth)
   double bw_fraction = 0.0;       // gbps / measured read bandwidth of the same run

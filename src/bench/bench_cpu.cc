@@ -2,7 +2,10 @@
 // bandwidth measured in the same run.
 //
 //   ceiling     a STREAM-like read (sum of 64-bit words) over a buffer of at
-//               least 4x the last-level cache, on the same thread count
+//               least 4x the last-level cache, on the same thread count; and
+//               the f32 FMA rate of the active ISA on all threads (the
+//               compute ceiling: `matrix_fraction` of each row is its
+//               multiply-adds per second over that rate)
 //   dense       OpenBLAS SGEMV (M = 1) / SGEMM on the f32 table
 //   fallback    qhead::logits_fallback: dequantize the whole table + SGEMM
 //   fused       qhead::logits (kAuto: the fused kernels of the best ISA)
@@ -14,6 +17,7 @@
 // 260 MB); when memory forbids that, the row's note says the table may be
 // cache-resident.
 #include <cblas.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -23,9 +27,12 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "bench/bench.h"
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/kernels.h"
 #include "qhead/error.h"
 #include "qhead/ops.h"
 #include "qhead/parallel.h"
@@ -59,6 +66,12 @@ int64_t llc_bytes() {
   return best > 0 ? best : (int64_t{32} << 20);
 }
 
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -66,12 +79,15 @@ double median(std::vector<double> v) {
 }
 
 // Median seconds of call(i) over the timed calls, after two warm-up calls.
+// *cpu_util (optional): process CPU seconds per wall second over the timed
+// calls — below the thread count when other work takes the cores.
 template <class F>
-double time_median(int reps, F&& call) {
+double time_median(int reps, F&& call, double* cpu_util = nullptr) {
   call(0);
   call(1);
   std::vector<double> t;
   double total = 0.0;
+  const double c0 = cpu_seconds();
   for (int i = 0;; ++i) {
     const auto t0 = Clock::now();
     call(i + 2);
@@ -81,6 +97,7 @@ double time_median(int reps, F&& call) {
     const int done = i + 1;
     if (reps > 0 ? done >= reps : (done >= 5 && (total > 1.0 || done >= 50))) break;
   }
+  if (cpu_util) *cpu_util = (cpu_seconds() - c0) / total;
   return median(t);
 }
 
@@ -174,6 +191,20 @@ std::string residency_note(int copies, size_t bytes, int64_t llc) {
   return buf;
 }
 
+// Lane-FMAs per second of the active kernels on `threads` threads (0 without kernels).
+double measure_fma_rate(int threads) {
+  const cpu::KernelTable* k = cpu::active_kernels();
+  if (k == nullptr) return 0.0;
+  const int64_t iters = 20'000'000;
+  volatile float sink = 0.0f;
+  const double s = time_median(3, [&](int) {
+    parallel_for(threads, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) sink = sink + k->fma_burn(iters);
+    }, threads);
+  });
+  return 12.0 * static_cast<double>(iters) * k->lanes * threads / s;
+}
+
 std::string shape_name(int64_t v, int64_t h) { return std::to_string(v) + "x" + std::to_string(h); }
 
 }  // namespace
@@ -202,6 +233,18 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
              cpu_isa_name(active_cpu_isa());
     rows.push_back(r);
   }
+  const double fma_rate = measure_fma_rate(threads);
+  if (fma_rate > 0) {
+    BenchRow r;
+    r.path = "compute_ceiling";
+    r.gbps = 0.0;
+    r.matrix_fraction = 1.0;
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "f32 FMA rate %.1f G multiply-adds/s (%s, %d threads)", fma_rate / 1e9,
+                  cpu_isa_name(active_cpu_isa()), threads);
+    r.note = buf;
+    rows.push_back(r);
+  }
 
   for (const BenchCase& c : cfg.cases) {
     const QuantScheme scheme = QuantScheme::parse(c.scheme, DType::kBF16);
@@ -216,7 +259,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
     const int n_packed = copies_for(packed_bytes, llc, 64);
     for (int i = 1; i < n_packed; ++i) packed.push_back(copy_packed(packed0));
     // Dense copies: as many as fit the same rule, but never more than 4 GB in all.
-    const int n_dense = copies_for(dense_bytes, llc, std::max<int>(1, static_cast<int>((int64_t{4} << 30) / static_cast<int64_t>(dense_bytes))));
+    const int n_dense = copies_for(dense_bytes, llc, std::clamp<int>(static_cast<int>((int64_t{4} << 30) / static_cast<int64_t>(dense_bytes)), 1, 64));
     std::vector<Tensor> dense_copies;
     dense_copies.push_back(std::move(dense));
     for (int i = 1; i < n_dense; ++i) dense_copies.push_back(Tensor::copy_of(dense_copies[0].view()));
@@ -232,7 +275,8 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
       Tensor vals = Tensor::empty(DType::kF32, {m, k}), ids = Tensor::empty(DType::kI32, {m, k}),
              lse = Tensor::empty(DType::kF32, {m});
 
-      auto row = [&](const char* path, double s, size_t bytes, const std::string& note) {
+      const double macs = static_cast<double>(m) * static_cast<double>(v) * static_cast<double>(h);
+      auto row = [&](const char* path, double s, size_t bytes, double util, const std::string& note) {
         BenchRow r;
         r.shape = shape;
         r.scheme = c.scheme;
@@ -241,9 +285,22 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
         r.us_median = s * 1e6;
         r.gbps = static_cast<double>(bytes) / s / 1e9;
         r.bw_fraction = r.gbps / bw;
-        r.note = note;
+        if (fma_rate > 0) r.matrix_fraction = macs / s / fma_rate;
+        char u[64];
+        std::snprintf(u, sizeof u, "; cpu %.2f of %d threads", util, threads);
+        r.note = note + u;
         return r;
       };
+      double u_dense = 0, u_fallback = 0, u_fused = 0, u_topk = 0;
+      // The fused paths first, after a pause: OpenBLAS worker threads spin for
+      // a while after each BLAS call and would take cores from them.
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      const double t_fused = time_median(cfg.reps, [&](int i) {
+        logits(packed[static_cast<size_t>(i) % packed.size()], x.view(), out.view());
+      }, &u_fused);
+      const double t_topk = time_median(cfg.reps, [&](int i) {
+        topk(packed[static_cast<size_t>(i) % packed.size()], x.view(), k, vals.view(), ids.view(), lse.view());
+      }, &u_topk);
       const double t_dense = time_median(cfg.reps, [&](int i) {
         const float* w = dense_copies[static_cast<size_t>(i) % dense_copies.size()].ptr<float>();
         if (m == 1)
@@ -253,25 +310,24 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
           cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(v),
                       static_cast<int>(h), 1.0f, x.ptr<float>(), static_cast<int>(h), w, static_cast<int>(h), 0.0f,
                       out.ptr<float>(), static_cast<int>(v));
-      });
+      }, &u_dense);
       const double t_fallback = time_median(cfg.reps, [&](int i) {
         logits_fallback(packed[static_cast<size_t>(i) % packed.size()], x.view(), out.view());
-      });
-      const double t_fused = time_median(cfg.reps, [&](int i) {
-        logits(packed[static_cast<size_t>(i) % packed.size()], x.view(), out.view());
-      });
-      const double t_topk = time_median(cfg.reps, [&](int i) {
-        topk(packed[static_cast<size_t>(i) % packed.size()], x.view(), k, vals.view(), ids.view(), lse.view());
-      });
-      BenchRow rd = row(m == 1 ? "dense" : "dense", t_dense, dense_bytes,
+      }, &u_fallback);
+      BenchRow rd = row("dense", t_dense, dense_bytes, u_dense,
                         std::string(m == 1 ? "OpenBLAS sgemv" : "OpenBLAS sgemm") + " on the f32 table; " + dense_note);
       rd.speedup_vs_dense = 1.0;
       rows.push_back(rd);
-      for (auto [path, t, note] : {std::tuple<const char*, double, std::string>{"fallback", t_fallback,
-                                                                               "dequantize to f32 + OpenBLAS; " + packed_note},
-                                   {"fused", t_fused, packed_note},
-                                   {"fused_topk", t_topk, "k = " + std::to_string(k) + "; " + packed_note}}) {
-        BenchRow r = row(path, t, packed_bytes, note);
+      const std::string fast = cpu::active_kernels() != nullptr && (scheme.bits == 4 || scheme.bits == 8) &&
+                                       h % 32 == 0 && scheme.group_len(h) % 32 == 0
+                                   ? std::string(cpu_isa_name(active_cpu_isa())) + " kernels"
+                                   : std::string("REFERENCE path (no fused kernel for this case)");
+      for (auto [path, t, util, note] :
+           {std::tuple<const char*, double, double, std::string>{"fallback", t_fallback, u_fallback,
+                                                                 "dequantize to f32 + OpenBLAS; " + packed_note},
+            {"fused", t_fused, u_fused, fast + "; " + packed_note},
+            {"fused_topk", t_topk, u_topk, fast + ", k = " + std::to_string(k) + "; " + packed_note}}) {
+        BenchRow r = row(path, t, packed_bytes, util, note);
         r.speedup_vs_dense = t_dense / t;
         rows.push_back(r);
       }

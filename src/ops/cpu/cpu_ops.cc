@@ -143,6 +143,12 @@ const KernelTable* kernels() {
 #endif
 }
 
+}  // namespace
+
+const KernelTable* active_kernels() { return kernels(); }
+
+namespace {
+
 int dtype_kind(DType t) { return t == DType::kF32 ? 0 : t == DType::kF16 ? 1 : 2; }
 
 // The kernels' view of a packed table; false if they do not take it.

@@ -11,6 +11,10 @@
 
 namespace qhead::cpu {
 
+struct KernelTable;
+// The kernels kAuto runs now (null: the reference). For the benchmark.
+const KernelTable* active_kernels();
+
 bool logits(const Table& table, const TensorView& x, const TensorView& out);
 bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
           const TensorView& lse);

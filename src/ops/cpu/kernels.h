@@ -68,6 +68,10 @@ struct KernelTable {
   double (*sum_exp)(const float* l, int64_t n, float mx);
   // Σ_j x[j] · row[j] in f32, row of dtype kind 0 F32 / 1 F16 / 2 BF16.
   float (*dot_dense)(const float* x, const void* row, int kind, int64_t h);
+  // The benchmark's compute ceiling: `iters` rounds of 12 independent vector
+  // FMAs (12 · iters · lanes lane-FMAs); returns a value to keep it alive.
+  float (*fma_burn)(int64_t iters);
+  int lanes;  // f32 lanes per vector
 };
 
 // Each ISA's table, defined in its TU (a constant: taking its address runs

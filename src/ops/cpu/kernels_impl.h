@@ -12,8 +12,14 @@
 // exact in f32, then ONE rounding of the product by the f32 scale), so the
 // kernel's operands are the reference's and the only difference is the
 // summation order: the f32 bound γ_H Σ|x·w| of the tests holds for any order.
-// (The cheaper "Σ q·x, then · s per group, minus z·Σx" trick is NOT used: it
-// changes the operands and can cancel catastrophically.)
+// One exception, 8-bit with M = 1 (micro_w8_m1): there the scale is applied
+// once per group, Σ_g s_g · Σ_j float(q_j - z_g) · x_j, because the
+// per-weight multiply made that kernel compute-bound below the memory
+// bandwidth on a one-FMA-port core. The operands are still exact integers
+// times x; the extra roundings (one per group, plus, for F32 scales, the
+// reference's own rounding of (q - z)·s, ≤ u·|w|) stay far inside γ_H.
+// (The "Σ c·x over UNSIGNED stored codes, minus offset·Σx" trick is NOT
+// used anywhere: it cancels catastrophically.)
 //
 // How w is produced from the packed bytes, per ISA and bit width:
 //   AVX-512, 4-bit: 16 bytes → 32 codes. vpmovzxbd widens the bytes to 16
@@ -298,6 +304,42 @@ inline void micro(const uint8_t* const* rows, const float* sc, const float* zc, 
     QHEAD_UNROLL for (int m = 0; m < MB; ++m) res[r * MB + m] = vsum(acc[r][m]);
 }
 
+// M = 1, 8-bit: per group, the exact integers float(q - z) times x summed in
+// f32 lanes, then scaled once (see the top of this file). RT rows at a time.
+template <int RT>
+inline void micro_w8_m1(const uint8_t* const* rows, const float* sc, const float* zc, int64_t g_cols,
+                        int64_t gl, const float* xp, float* res) {
+  VF acc[RT];
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r) acc[r] = vzero();
+  const int64_t chunks = gl / W;
+  int64_t byte = 0;
+  const float* x = xp;
+  for (int64_t g = 0; g < g_cols; ++g) {
+    VI zi[RT];
+    VF ag[RT];
+    QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
+      zi[r] = vset_i(static_cast<int>(zc[r * g_cols + g]));
+      ag[r] = vzero();
+    }
+    for (int64_t c = 0; c < chunks; ++c, byte += W, x += W) {
+      VF xv = vload(x);
+      __asm__("" : "+v"(xv));
+      QHEAD_UNROLL for (int r = 0; r < RT; ++r) ag[r] = vfma(vcvt(vsub_i(widen_bytes(rows[r] + byte), zi[r])), xv, ag[r]);
+    }
+    QHEAD_UNROLL for (int r = 0; r < RT; ++r) acc[r] = vfma(ag[r], vset(sc[r * g_cols + g]), acc[r]);
+  }
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r) res[r] = vsum(acc[r]);
+}
+
+template <class D, int RT, int MB>
+inline void micro_dispatch(const uint8_t* const* rows, const float* sc, const float* zc, int64_t g_cols,
+                           int64_t gl, const float* xp, float* res) {
+  if constexpr (MB == 1 && kBits<D> == 8)
+    micro_w8_m1<RT>(rows, sc, zc, g_cols, gl, xp, res);
+  else
+    micro<D, RT, MB>(rows, sc, zc, g_cols, gl, xp, res);
+}
+
 // Rows [0, n) of the block (first row r0) for activation rows [m0, m0 + MB).
 template <class D, int MB>
 void rows_for_mblock(const PackedArgs& a, const float* xp, int64_t m0, int64_t r0, int64_t n,
@@ -310,13 +352,13 @@ void rows_for_mblock(const PackedArgs& a, const float* xp, int64_t m0, int64_t r
   for (; i + RT <= n; i += RT) {
     const uint8_t* rows[RT];
     for (int r = 0; r < RT; ++r) rows[r] = a.packed + (r0 + i + r) * a.row_bytes;
-    micro<D, RT, MB>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, res);
+    micro_dispatch<D, RT, MB>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, res);
     for (int r = 0; r < RT; ++r)
       for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i + r] = res[r * MB + m];
   }
   for (; i < n; ++i) {  // the last rows of the block, one at a time
     const uint8_t* rows[1] = {a.packed + (r0 + i) * a.row_bytes};
-    micro<D, 1, MB>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, res);
+    micro_dispatch<D, 1, MB>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, res);
     for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i] = res[m];
   }
 }
@@ -447,10 +489,22 @@ float dot_dense(const float* x, const void* row, int kind, int64_t h) {
   return vsum(vadd(a0, a1)) + tail;
 }
 
+float fma_burn(int64_t iters) {
+  VF a[12];
+  for (int k = 0; k < 12; ++k) a[k] = vset(static_cast<float>(k));
+  const VF b = vset(0.999f), c = vset(1e-3f);
+  for (int64_t i = 0; i < iters; ++i) {
+    QHEAD_UNROLL for (int k = 0; k < 12; ++k) a[k] = vfma(a[k], b, c);
+  }
+  VF s = a[0];
+  for (int k = 1; k < 12; ++k) s = vadd(s, a[k]);
+  return vsum(s);
+}
+
 }  // namespace
 
 const KernelTable kTable = {
-    QHEAD_ISA_NAME, Deq4::CE, Deq8::CE, &logits_block, &dequant_row, &max_of, &sum_exp, &dot_dense,
+    QHEAD_ISA_NAME, Deq4::CE, Deq8::CE, &logits_block, &dequant_row, &max_of, &sum_exp, &dot_dense, &fma_burn, W,
 };
 
 }  // namespace qhead::cpu::QHEAD_ISA_NS
