@@ -26,7 +26,8 @@
 //   8-bit word (4 codes):        byte_perm gives (c0, c2), (c1, c3)
 //        → slot order 0,2,1,3 per 4 h
 // and the activations are permuted the same way once per call
-// (permute_x in ops_cuda.cu) instead of repacking the weights.
+// (permute_x_kernel, below: it also lays them out in B-fragment order)
+// instead of repacking the weights.
 //
 // Integer → f16/bf16: the "magic number" trick — OR a code into the
 // mantissa of 1024.0 (f16) or 128.0 (bf16) and subtract (magic + offset +
@@ -34,6 +35,7 @@
 // 7-bit mantissa, so 8-bit/bf16 goes through f32 (exact, a few more ops).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common.cuh"
@@ -45,7 +47,8 @@ struct LogitsArgs {
   const void* scale;       // [V, groups] in scale_type
   int scale_type;          // ScaleType
   const uint32_t* zp;      // [ceil(V·b/32), groups] packed along V; nullptr = symmetric
-  const void* x_perm;      // [M, H] activations (f16/bf16), k-permuted per word
+  const void* x;           // [M, H] activations (f16/bf16), as given
+  void* x_frag;            // workspace, >= Mpad·H elements: x in MMA B-fragment order (permute_x)
   float* out;              // [M, V] logits, row stride ldo
   int64_t ldo;
   int64_t V;
@@ -100,7 +103,7 @@ __device__ __forceinline__ uint32_t make_bias(int z) {
 // Pair p (0/1) of k-block j (0/1 for 4-bit, 0 for 8-bit) of word w, as
 // (q − z) values in T.
 template <int BITS, class T>
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t w, int j, int p, uint32_t bias, int z) {
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t w, int j, int p, uint32_t bias, float zoff) {
   if constexpr (BITS == 4) {
     const uint32_t v = ((w >> (8 * j + 4 * p)) & 0x000F000Fu) | Magic<T>::k4;
     return sub2<T>(v, bias);
@@ -108,10 +111,9 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t w, int j, int p, uint3
     const uint32_t v = __byte_perm(w, 0x64646464u, p == 0 ? 0x4240u : 0x4341u);  // (1024 + c0, 1024 + c2)
     return sub2<T>(v, bias);
   } else {
-    // 8-bit, bf16: f32 magic 2^23 + c, exact subtraction, exact narrowing.
-    const float off = 8388608.0f + 128.0f + float(z);
-    const float lo = __uint_as_float(0x4B000000u | ((w >> (8 * p)) & 0xFFu)) - off;
-    const float hi = __uint_as_float(0x4B000000u | ((w >> (8 * p + 16)) & 0xFFu)) - off;
+    // 8-bit, bf16: f32 magic 2^23 + c minus zoff = 2^23 + 128 + z: exact, then exact narrowing.
+    const float lo = __uint_as_float(0x4B000000u | ((w >> (8 * p)) & 0xFFu)) - zoff;
+    const float hi = __uint_as_float(0x4B000000u | ((w >> (8 * p + 16)) & 0xFFu)) - zoff;
     return pack2<T>(lo, hi);
   }
 }
@@ -131,116 +133,264 @@ __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], 
   }
 }
 
+// Streaming loads of the packed weights: read once, so keep them out of L1
+// (the activation fragments live there).
 template <int L>
 __device__ __forceinline__ void load_piece(const uint32_t* p, uint32_t (&w)[L / 4]) {
   if constexpr (L == 16) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
-    w[0] = v.x; w[1] = v.y; w[2] = v.z; w[3] = v.w;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "l"(p));
   } else if constexpr (L == 8) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
-    w[0] = v.x; w[1] = v.y;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "l"(p));
   } else {
-    w[0] = __ldg(p);
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(w[0]) : "l"(p));
   }
 }
 
-// One warp = 16 vocab rows × (8·NT) activations. BITS: 4 or 8. T: __half or
-// __nv_bfloat16. L: bytes each lane loads per row per chunk (4, 8, 16; the
-// quad's 4·L bytes lie in one group). NT: 8-wide activation tiles per warp.
-template <int BITS, class T, int L, int NT>
+// Geometry of one configuration: L bytes per lane per row per chunk.
+template <int BITS, int L>
+struct Geometry {
+  static constexpr int WORDS = L / 4;        // words per lane per row per chunk
+  static constexpr int HW = 32 / BITS;       // h per word
+  static constexpr int KB = HW / 4;          // k-blocks (4 h per lane) per word
+  static constexpr int KBC = WORDS * KB;     // k-blocks per chunk
+  static constexpr int S = 4 * WORDS * HW;   // h per chunk (the quad's span)
+  // h offset inside a word of value e (0..3) of the B fragment of k-block j:
+  // the order dequant_pair produces (4-bit: 0,4,1,5 | 2,6,3,7; 8-bit: 0,2,1,3).
+  static __device__ __forceinline__ int h_of(int j, int e) {
+    if constexpr (BITS == 4) return (e & 1) * 4 + (e >> 1) + 2 * j;
+    else return (e & 1) * 2 + (e >> 1);
+  }
+};
+
+// Activations → B fragments: x_frag[((c·KBC + kb)·Mpad + m)·4 + t] is the
+// uint2 (four T values) lane (g = m % 8, t) feeds the MMA for chunk c,
+// k-block kb. Rows m >= M are zeros, so the main loop needs no predicates
+// and a warp's 32 lanes read 256 contiguous bytes per fragment.
+template <int BITS, class T, int L>
+__global__ void permute_x_kernel(const T* __restrict__ x, T* __restrict__ xf, int M, int Mpad, int H) {
+  using Gm = Geometry<BITS, L>;
+  const int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // fragment index
+  const int64_t nfrag = int64_t(H / 4) * Mpad;
+  if (f >= nfrag) return;
+  const int t = int(f & 3);
+  const int m = int((f >> 2) % Mpad);
+  const int64_t ckb = (f >> 2) / Mpad;  // c·KBC + kb
+  const int c = int(ckb / Gm::KBC), kb = int(ckb % Gm::KBC);
+  const int i = kb / Gm::KB, j = kb % Gm::KB;
+  const int hword = c * Gm::S + t * Gm::WORDS * Gm::HW + i * Gm::HW;
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    xf[f * 4 + e] = m < M ? x[int64_t(m) * H + hword + Gm::h_of(j, e)] : Act<T>::from_float(0.0f);
+}
+
+// One warp = (16·RT) vocab rows × (8·NT) activations, looping over the row
+// tiles of a persistent grid; blockIdx.x picks the activation tile (fastest,
+// so the blocks sharing weights run together and hit L2), blockIdx.y the
+// worker. The chunk stream of all the warp's tiles is one software pipeline
+// D chunks deep: the weights, scales and zero points of chunk q + D are in
+// flight while chunk q computes.
+//   BITS 4|8 · T __half|__nv_bfloat16 · L bytes per lane per row per chunk
+//   (4, 8, 16; the quad's 4·L bytes lie in one group) · RT row tiles per warp
+//   · NT activation tiles per warp · D pipeline depth.
+template <int BITS, class T, int L, int RT, int NT, int D, bool ASYM>
 __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
-  constexpr int WORDS = L / 4;              // words per lane per row per chunk
-  constexpr int HW = 32 / BITS;             // h per word
-  constexpr int KB = HW / 4;                // k-blocks (4 h per lane) per word
-  constexpr int S = 4 * WORDS * HW;         // h per chunk (one quad)
+  using Gm = Geometry<BITS, L>;
+  constexpr int WORDS = Gm::WORDS, KB = Gm::KB, KBC = Gm::KBC, S = Gm::S;
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t = lane & 3;
-  const int64_t tile = int64_t(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5);
-  if (tile * 16 >= a.V) return;
-  const int64_t ra = tile * 16 + g, rb = ra + 8;
-  const int64_t rac = ra < a.V ? ra : a.V - 1, rbc = rb < a.V ? rb : a.V - 1;  // clamp tail rows (not stored)
-  const int W = a.H * BITS / 32;
-  const uint32_t* pa = a.packed + rac * W + t * WORDS;
-  const uint32_t* pb = a.packed + rbc * W + t * WORDS;
-  const T* x = static_cast<const T*>(a.x_perm);
-  const int m0 = blockIdx.y * (8 * NT);
-  const int chunks_per_group = a.group / S;
+  const int64_t warp = int64_t(blockIdx.y) * (blockDim.x / 32) + (threadIdx.x >> 5);
+  const int64_t nwarps = int64_t(gridDim.y) * (blockDim.x / 32);
+  const int64_t tiles = (a.V + 16 * RT - 1) / (16 * RT);
+  if (warp >= tiles) return;
+  const int my_tiles = int((tiles - warp + nwarps - 1) / nwarps);
   const int nchunks = a.H / S;
+  const int cpg = a.group / S;  // chunks per group
+  const int total = my_tiles * nchunks;  // chunks this warp computes (< 2^31)
+  const int W = a.H * BITS / 32;
+  const int Mpad = (a.M + 7) & ~7;
+  const int m0 = blockIdx.x * (8 * NT);
+  // Scales are read raw (2 or 4 bytes) and decoded when a group ends.
+  const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+  // Activation fragments of (chunk 0, k-block 0, this lane); a chunk is KBC·Mpad·4 uint2 further.
+  const uint2* xf0 = static_cast<const uint2*>(a.x_frag) + (int64_t(m0 + g) * 4 + t);
+  const int64_t xf_chunk = int64_t(KBC) * Mpad * 4;
 
-  float acc[NT][4];
-#pragma unroll
-  for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  float cacc[NT][4];
+  // What one pipeline stage holds: the lane's code words of its 2·RT rows for
+  // one chunk; on the last chunk of a group also the group's scales; for
+  // asymmetric tables the zero-point word and bit offset. Nothing fetched is
+  // read before the stage is consumed D chunks later, so no load stalls here.
+  struct Slot {
+    uint32_t w[RT][2][WORDS];
+    uint32_t s[RT][2];   // raw scale bits
+    uint32_t zw[RT][2];  // zero-point word (ASYM)
+  };
+  Slot ring[D];
 
-  // Software pipeline: chunk c+1's words are in flight while c computes.
-  uint32_t na[WORDS], nb[WORDS];
-  load_piece<L>(pa, na);
-  load_piece<L>(pb, nb);
-  int za = 0, zb = 0;
-  uint32_t bias_a = 0, bias_b = 0;
-  float sa = 0.0f, sb = 0.0f;
-  for (int c = 0; c < nchunks; ++c) {
-    uint32_t wa[WORDS], wb[WORDS];
+  // ---- load cursor: pointers advance by increments, no divisions --------------
+  int64_t lt = warp;            // tile being fetched
+  int lc = 0, lgc = 0, lg = 0;  // chunk in tile, chunk in group, group
+  const uint32_t* lp[RT][2];  // code words of the next chunk
+  const char* ls[RT][2];      // scale of the next group
+  const uint32_t* lz[RT][2];  // zero-point word of the next group
+  auto point = [&]() {
 #pragma unroll
-    for (int i = 0; i < WORDS; ++i) { wa[i] = na[i]; wb[i] = nb[i]; }
-    if (c + 1 < nchunks) {
-      load_piece<L>(pa + (c + 1) * 4 * WORDS, na);
-      load_piece<L>(pb + (c + 1) * 4 * WORDS, nb);
-    }
-    const int grp = c / chunks_per_group;
-    if (c % chunks_per_group == 0) {  // a group starts: its scale, zero point, fresh partial sums
-      sa = load_scale(a.scale, a.scale_type, rac * a.groups + grp);
-      sb = load_scale(a.scale, a.scale_type, rbc * a.groups + grp);
-      if (a.zp) {
-        za = zero_point(a.zp, a.groups, rac, grp, BITS);
-        zb = zero_point(a.zp, a.groups, rbc, grp, BITS);
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int64_t row = lt * 16 * RT + r * 16 + h * 8 + g;
+        row = row < a.V ? row : a.V - 1;  // tail rows: valid memory, never stored
+        lp[r][h] = a.packed + row * W + t * WORDS;
+        ls[r][h] = static_cast<const char*>(a.scale) + row * a.groups * sbytes;
+        if constexpr (ASYM) lz[r][h] = a.zp + ((row * BITS) >> 5) * a.groups;
       }
-      bias_a = make_bias<BITS, T>(za);
-      bias_b = make_bias<BITS, T>(zb);
+  };
+  point();
+  // Zero points of rows r0..: for the 2, 4 and 8-bit codes the kernel takes, a
+  // code never straddles words: word (row·b/32)·groups + grp, shift (row·b) % 32.
+  auto fetch = [&](Slot& sl) {
 #pragma unroll
-      for (int n = 0; n < NT; ++n) cacc[n][0] = cacc[n][1] = cacc[n][2] = cacc[n][3] = 0.0f;
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        load_piece<L>(lp[r][h], sl.w[r][h]);
+        lp[r][h] += 4 * WORDS;
+        if constexpr (ASYM) sl.zw[r][h] = __ldg(lz[r][h] + lg);
+        if (lgc == cpg - 1)
+          sl.s[r][h] = sbytes == 4 ? __ldg(reinterpret_cast<const uint32_t*>(ls[r][h]) + lg)
+                                   : uint32_t(__ldg(reinterpret_cast<const unsigned short*>(ls[r][h]) + lg));
+      }
+    if (++lgc == cpg) { lgc = 0; ++lg; }
+    if (++lc == nchunks) {
+      lc = 0;
+      lg = 0;
+      lt += nwarps;
+      if (lt < tiles) point();
     }
-    const int h0 = c * S + t * WORDS * HW;
+  };
 #pragma unroll
-    for (int i = 0; i < WORDS; ++i) {
+  for (int d = 0; d < D; ++d)
+    if (d < total) fetch(ring[d]);
+  // Per-row zero-point shift inside its word (fixed per tile row).
+  auto zshift = [&](int64_t tile, int r, int h) {
+    int64_t row = tile * 16 * RT + r * 16 + h * 8 + g;
+    row = row < a.V ? row : a.V - 1;
+    return int((row * BITS) & 31);
+  };
+
+  float acc[RT][NT][4], cacc[RT][NT][4];
 #pragma unroll
-      for (int j = 0; j < KB; ++j) {
-        uint32_t A[4];
-        A[0] = dequant_pair<BITS, T>(wa[i], j, 0, bias_a, za);
-        A[1] = dequant_pair<BITS, T>(wb[i], j, 0, bias_b, zb);
-        A[2] = dequant_pair<BITS, T>(wa[i], j, 1, bias_a, za);
-        A[3] = dequant_pair<BITS, T>(wb[i], j, 1, bias_b, zb);
-        const int hx = h0 + i * HW + j * 4;
+  for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const int m = m0 + n * 8 + g;
-          uint2 B = make_uint2(0u, 0u);
-          if (m < a.M) B = __ldg(reinterpret_cast<const uint2*>(x + int64_t(m) * a.H + hx));
-          mma16816<T>(cacc[n], A, B.x, B.y);
+    for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
+  int64_t ct = warp;  // compute cursor
+  int cc = 0, cgc = 0;
+  const uint2* xp = xf0;
+  int zsh[RT][2];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) zsh[r][h] = zshift(ct, r, h);
+  for (int q0 = 0; q0 < total; q0 += D) {
+#pragma unroll
+    for (int d = 0; d < D; ++d) {
+      if (q0 + d >= total) break;
+      Slot& sl = ring[d];
+      if (cgc == 0) {
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int n = 0; n < NT; ++n) cacc[r][n][0] = cacc[r][n][1] = cacc[r][n][2] = cacc[r][n][3] = 0.0f;
+      }
+      // The (q − z) subtrahends of this chunk's rows.
+      uint32_t bias[RT][2];
+      float zoff[RT][2];
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int z = ASYM ? int((sl.zw[r][h] >> zsh[r][h]) & ((1u << BITS) - 1u)) - (1 << (BITS - 1)) : 0;
+          bias[r][h] = make_bias<BITS, T>(z);
+          zoff[r][h] = 8388608.0f + float(1 << (BITS - 1)) + float(z);
+        }
+      // All B fragments of the chunk (NT <= 4) or of each k-block, loaded in a batch.
+      constexpr int kBatch = NT <= 4 ? KBC : 1;
+#pragma unroll
+      for (int kb0 = 0; kb0 < KBC; kb0 += kBatch) {
+        uint2 B[kBatch][NT];
+#pragma unroll
+        for (int kk = 0; kk < kBatch; ++kk)
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+            B[kk][n] = (m0 + n * 8 < Mpad) ? __ldg(xp + (int64_t(kb0 + kk) * Mpad + n * 8) * 4) : make_uint2(0u, 0u);
+#pragma unroll
+        for (int kk = 0; kk < kBatch; ++kk) {
+          const int kb = kb0 + kk, i = kb / KB, j = kb % KB;
+          uint32_t A[RT][4];
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            A[r][0] = dequant_pair<BITS, T>(sl.w[r][0][i], j, 0, bias[r][0], zoff[r][0]);
+            A[r][1] = dequant_pair<BITS, T>(sl.w[r][1][i], j, 0, bias[r][1], zoff[r][1]);
+            A[r][2] = dequant_pair<BITS, T>(sl.w[r][0][i], j, 1, bias[r][0], zoff[r][0]);
+            A[r][3] = dequant_pair<BITS, T>(sl.w[r][1][i], j, 1, bias[r][1], zoff[r][1]);
+          }
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            if (m0 + n * 8 >= Mpad) break;  // warp-uniform
+#pragma unroll
+            for (int r = 0; r < RT; ++r) mma16816<T>(cacc[r][n], A[r], B[kk][n].x, B[kk][n].y);
+          }
         }
       }
-    }
-    if ((c + 1) % chunks_per_group == 0) {  // the group ends: scale its f32 partial sums once
+      if (++cgc == cpg) {  // the group ends: scale its f32 partial sums once
+        cgc = 0;
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        acc[n][0] = fmaf(sa, cacc[n][0], acc[n][0]);
-        acc[n][1] = fmaf(sa, cacc[n][1], acc[n][1]);
-        acc[n][2] = fmaf(sb, cacc[n][2], acc[n][2]);
-        acc[n][3] = fmaf(sb, cacc[n][3], acc[n][3]);
+        for (int r = 0; r < RT; ++r) {
+          float sc[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t raw = sl.s[r][h];
+            sc[h] = a.scale_type == kScaleF32    ? __uint_as_float(raw)
+                    : a.scale_type == kScaleBF16 ? __uint_as_float(raw << 16)
+                                                 : __half2float(__ushort_as_half(static_cast<unsigned short>(raw)));
+          }
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            acc[r][n][0] = fmaf(sc[0], cacc[r][n][0], acc[r][n][0]);
+            acc[r][n][1] = fmaf(sc[0], cacc[r][n][1], acc[r][n][1]);
+            acc[r][n][2] = fmaf(sc[1], cacc[r][n][2], acc[r][n][2]);
+            acc[r][n][3] = fmaf(sc[1], cacc[r][n][3], acc[r][n][3]);
+          }
+        }
       }
-    }
-  }
-  // C fragment: (row g, cols 2t, 2t+1) and (row g+8, same cols).
+      if (q0 + d + D < total) fetch(sl);
+      xp += xf_chunk;
+      if (++cc == nchunks) {  // the tile is done: C fragment → out, (row g | g+8, cols 2t, 2t+1)
 #pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    const int m = m0 + n * 8 + 2 * t;
-    if (ra < a.V) {
-      if (m < a.M) a.out[int64_t(m) * a.ldo + ra] = acc[n][0];
-      if (m + 1 < a.M) a.out[int64_t(m + 1) * a.ldo + ra] = acc[n][1];
-    }
-    if (rb < a.V) {
-      if (m < a.M) a.out[int64_t(m) * a.ldo + rb] = acc[n][2];
-      if (m + 1 < a.M) a.out[int64_t(m + 1) * a.ldo + rb] = acc[n][3];
+        for (int r = 0; r < RT; ++r) {
+          const int64_t ra = ct * 16 * RT + r * 16 + g, rb = ra + 8;
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            const int m = m0 + n * 8 + 2 * t;
+            if (ra < a.V) {
+              if (m < a.M) a.out[int64_t(m) * a.ldo + ra] = acc[r][n][0];
+              if (m + 1 < a.M) a.out[int64_t(m + 1) * a.ldo + ra] = acc[r][n][1];
+            }
+            if (rb < a.V) {
+              if (m < a.M) a.out[int64_t(m) * a.ldo + rb] = acc[r][n][2];
+              if (m + 1 < a.M) a.out[int64_t(m + 1) * a.ldo + rb] = acc[r][n][3];
+            }
+            acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
+          }
+        }
+        cc = 0;
+        ct += nwarps;
+        xp = xf0;
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) zsh[r][h] = zshift(ct, r, h);
+      }
     }
   }
 }
@@ -254,31 +404,64 @@ inline int pick_piece_bytes(int bits, int group) {
   return 0;
 }
 
-template <int BITS, class T, int L, int NT>
+inline int sm_count() {
+  static int n = [] {
+    int dev = 0, c = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev);
+    return c > 0 ? c : 1;
+  }();
+  return n;
+}
+
+template <int BITS, class T, int L, int RT, int NT, int D, bool ASYM>
 void launch_logits_cfg(const LogitsArgs& a, cudaStream_t s) {
   constexpr int kWarps = 8;
-  const int64_t tiles = (a.V + 15) / 16;
-  dim3 grid(static_cast<unsigned>((tiles + kWarps - 1) / kWarps), static_cast<unsigned>((a.M + 8 * NT - 1) / (8 * NT)));
-  logits_mma_kernel<BITS, T, L, NT><<<grid, kWarps * 32, 0, s>>>(a);
+  auto kernel = logits_mma_kernel<BITS, T, L, RT, NT, D, ASYM>;
+  static int per_sm = [&] {
+    int b = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kWarps * 32, 0);
+    return b > 0 ? b : 1;
+  }();
+  const int Mpad = (a.M + 7) & ~7;
+  const int mtiles = (Mpad + 8 * NT - 1) / (8 * NT);
+  const int64_t tiles = (a.V + 16 * RT - 1) / (16 * RT);
+  const int64_t want = (tiles + kWarps - 1) / kWarps;
+  const int64_t room = std::max<int64_t>(1, int64_t(sm_count()) * per_sm / mtiles);
+  dim3 grid(static_cast<unsigned>(mtiles), static_cast<unsigned>(std::min(want, room)));
+  kernel<<<grid, kWarps * 32, 0, s>>>(a);
   QHEAD_CUDA_CHECK_LAUNCH("logits_mma_kernel");
 }
 
 template <int BITS, class T, int L>
 void launch_logits_l(const LogitsArgs& a, cudaStream_t s) {
-  if (a.M <= 8) launch_logits_cfg<BITS, T, L, 1>(a, s);
-  else if (a.M <= 16) launch_logits_cfg<BITS, T, L, 2>(a, s);
-  else if (a.M <= 32) launch_logits_cfg<BITS, T, L, 4>(a, s);
-  else launch_logits_cfg<BITS, T, L, 8>(a, s);
+  // B fragments first (one tiny launch), then the fused kernel.
+  const int Mpad = (a.M + 7) & ~7;
+  const int64_t nfrag = int64_t(a.H / 4) * Mpad;
+  permute_x_kernel<BITS, T, L><<<static_cast<unsigned>((nfrag + 255) / 256), 256, 0, s>>>(
+      static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, a.H);
+  QHEAD_CUDA_CHECK_LAUNCH("permute_x_kernel");
+  const bool asym = a.zp != nullptr;
+  if (a.M <= 8) asym ? launch_logits_cfg<BITS, T, L, 1, 1, 4, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 1, 4, false>(a, s);
+  else if (a.M <= 16) asym ? launch_logits_cfg<BITS, T, L, 1, 2, 4, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 2, 4, false>(a, s);
+  else if (a.M <= 32) asym ? launch_logits_cfg<BITS, T, L, 1, 4, 4, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 4, 4, false>(a, s);
+  else asym ? launch_logits_cfg<BITS, T, L, 1, 8, 2, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 8, 2, false>(a, s);
 }
 
 // The launcher one .cu instantiates per (BITS, T). Returns false when the
-// shape has no fast path (the caller falls back).
+// shape has no fast path (the caller falls back). x_frag must hold
+// ((M + 7) / 8 · 8) · H elements.
 template <int BITS, class T>
 bool launch_logits(const LogitsArgs& a, cudaStream_t s) {
   switch (pick_piece_bytes(BITS, a.group)) {
     case 16: launch_logits_l<BITS, T, 16>(a, s); return true;
     case 8: launch_logits_l<BITS, T, 8>(a, s); return true;
-    case 4: launch_logits_l<BITS, T, 4>(a, s); return true;
+    case 4:
+      if constexpr (BITS == 4) {  // 8-bit codes take L = 4 only for groups < 32, which the schemes do not have
+        launch_logits_l<BITS, T, 4>(a, s);
+        return true;
+      }
+      return false;
     default: return false;
   }
 }

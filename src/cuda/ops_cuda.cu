@@ -78,25 +78,6 @@ int blocks_for(int64_t n, int threads) { return static_cast<int>((n + threads - 
 
 // ---- kernels ------------------------------------------------------------------------
 
-// x_perm[m, h] = x[m, word_base + perm(h % per)]: the k order of logits.cuh.
-template <class T, int BITS>
-__global__ void permute_x_kernel(const T* __restrict__ x, T* __restrict__ xp, int64_t n) {
-  constexpr int kPer = BITS == 4 ? 8 : 4;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // one word's worth of h
-  if (i * kPer >= n) return;
-  const T* src = x + i * kPer;
-  T* dst = xp + i * kPer;
-  if constexpr (BITS == 4) {
-    constexpr int p[8] = {0, 4, 1, 5, 2, 6, 3, 7};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) dst[j] = src[p[j]];
-  } else {
-    constexpr int p[4] = {0, 2, 1, 3};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) dst[j] = src[p[j]];
-  }
-}
-
 // Dequantized value of (row, h) in f32 — exact.
 __device__ __forceinline__ float dequant_at(const uint32_t* packed, const void* scale, int stype, const uint32_t* zp,
                                             int bits, int64_t row, int h, int words, int group, int groups) {
@@ -402,27 +383,15 @@ bool fused_logits(const Table& table, const TensorView& x, float* out, int64_t l
   const int group = static_cast<int>(p.scheme.group_len(p.hidden));
   if (pick_piece_bytes(bits, group) == 0) return false;
   cudaStream_t s = current_stream();
-  const int64_t n = x.numel();
-  void* xp = workspace(0, size_t(n) * 2);
-  const int per = bits == 4 ? 8 : 4;
-  const int threads = 256;
-  const int blocks = blocks_for(n / per, threads);
-  if (n) {
-    if (x.dtype == DType::kF16) {
-      if (bits == 4) permute_x_kernel<__half, 4><<<blocks, threads, 0, s>>>(x.ptr<const __half>(), static_cast<__half*>(xp), n);
-      else permute_x_kernel<__half, 8><<<blocks, threads, 0, s>>>(x.ptr<const __half>(), static_cast<__half*>(xp), n);
-    } else {
-      if (bits == 4) permute_x_kernel<__nv_bfloat16, 4><<<blocks, threads, 0, s>>>(x.ptr<const __nv_bfloat16>(), static_cast<__nv_bfloat16*>(xp), n);
-      else permute_x_kernel<__nv_bfloat16, 8><<<blocks, threads, 0, s>>>(x.ptr<const __nv_bfloat16>(), static_cast<__nv_bfloat16*>(xp), n);
-    }
-    QHEAD_CUDA_CHECK_LAUNCH("permute_x_kernel");
-  }
+  const int64_t mpad = (x.size(0) + 7) / 8 * 8;
+  void* xp = workspace(0, size_t(mpad * p.hidden) * 2);
   LogitsArgs a;
   a.packed = static_cast<const uint32_t*>(p.packed.data());
   a.scale = p.scale.data();
   a.scale_type = scale_type(p.scheme.scale_dtype);
   a.zp = p.scheme.symmetric ? nullptr : static_cast<const uint32_t*>(p.zero_point.data());
-  a.x_perm = xp;
+  a.x = x.data;
+  a.x_frag = xp;
   a.out = out;
   a.ldo = ldo;
   a.V = p.vocab;

@@ -1,0 +1,262 @@
+// `qhead bench --device cuda`: every path a user has for the logits of a
+// quantized head on the GPU, timed with CUDA events in one run, against
+// ceilings measured in the same run:
+//   copy    device-to-device copy bandwidth (bytes read + written)
+//   read    a pure streaming read of exactly the packed table's bytes, 16-byte
+//           loads, timed the same way as the kernels (the floor of a fused GEMV)
+//   matrix  cuBLAS dense f16 GEMM rate on a large square product
+// Paths: dense (cuBLAS f16 GEMM on the unquantized f16 table), fallback
+// (dequantize + cuBLAS), fused (our kernel), fused_topk (top-k 50 + lse).
+// L2 (60 MB) is defeated by rotating among enough table copies that they
+// total at least 4× the L2.
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "bench/bench.h"
+#include "common.cuh"
+#include "qhead/cuda.h"
+#include "qhead/ops.h"
+
+namespace qhead::bench {
+
+using namespace qhead::cuda_detail;
+
+namespace {
+
+__global__ void fill_random_words(uint32_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t x = seed + uint64_t(i) * 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    p[i] = uint32_t(x ^ (x >> 31));
+  }
+}
+
+// Random values in [-1, 1)·amp as T (f16/bf16) — never zeros.
+template <class T>
+__global__ void fill_random_values(T* p, int64_t n, uint64_t seed, float amp) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t x = seed + uint64_t(i) * 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    const float u = float((x ^ (x >> 31)) >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    p[i] = Act<T>::from_float((2.0f * u - 1.0f) * amp);
+  }
+}
+
+// The read ceiling: stream n16 16-byte words, no math beyond an XOR that
+// keeps the loads alive.
+__global__ void stream_read(const uint4* __restrict__ p, int64_t n16, uint32_t* sink) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {  // four independent 16-byte loads in flight
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) v[u] = __ldg(p + i + u * stride);
+#pragma unroll
+    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) sink[0] = acc;  // practically never; prevents dead-code elimination
+}
+
+struct Timer {
+  cudaEvent_t a, b;
+  Timer() { QHEAD_CUDA_CHECK(cudaEventCreate(&a)); QHEAD_CUDA_CHECK(cudaEventCreate(&b)); }
+  ~Timer() { cudaEventDestroy(a); cudaEventDestroy(b); }
+};
+
+// Median µs of fn(i) over reps calls after warm-up; each call timed alone
+// with a pair of events.
+template <class F>
+double median_us(F&& fn, int reps, int warmup = 3) {
+  cudaStream_t s = current_stream();
+  for (int i = 0; i < warmup; ++i) fn(i);
+  QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));
+  std::vector<double> t;
+  Timer tm;
+  for (int i = 0; i < reps; ++i) {
+    QHEAD_CUDA_CHECK(cudaEventRecord(tm.a, s));
+    fn(i + warmup);
+    QHEAD_CUDA_CHECK(cudaEventRecord(tm.b, s));
+    QHEAD_CUDA_CHECK(cudaEventSynchronize(tm.b));
+    float ms = 0;
+    QHEAD_CUDA_CHECK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+    t.push_back(ms * 1000.0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+cublasHandle_t handle() {
+  static cublasHandle_t h = [] {
+    cublasHandle_t x;
+    if (cublasCreate(&x) != CUBLAS_STATUS_SUCCESS) throw Error(ErrorCode::kInternal, "bench", "cublasCreate failed");
+    return x;
+  }();
+  cublasSetStream(h, current_stream());
+  return h;
+}
+
+// out[M, V] = x[M, H] · W[V, H]ᵀ in f16 → f32, cuBLAS.
+void dense_gemm(const __half* w, const __half* x, float* out, int V, int H, int M) {
+  const float one = 1.0f, zero = 0.0f;
+  const cublasStatus_t st = cublasGemmEx(handle(), CUBLAS_OP_T, CUBLAS_OP_N, V, M, H, &one, w, CUDA_R_16F, H, x,
+                                         CUDA_R_16F, H, &zero, out, CUDA_R_32F, V, CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT);
+  if (st != CUBLAS_STATUS_SUCCESS) throw Error(ErrorCode::kInternal, "bench", "cublasGemmEx failed");
+}
+
+int grid_for(int64_t n) { return int(std::min<int64_t>((n + 255) / 256, 132 * 16)); }
+
+}  // namespace
+
+std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
+  if (!cuda::available()) throw Error(ErrorCode::kUnsupported, "bench", "no CUDA device visible");
+  cudaStream_t s = current_stream();
+  std::vector<BenchRow> rows;
+  const int reps = cfg.reps > 0 ? cfg.reps : 30;
+  cudaDeviceProp prop;
+  QHEAD_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const double l2 = double(prop.l2CacheSize);
+
+  // ---- ceilings ----------------------------------------------------------------------------
+  double copy_gbps = 0, matrix_tflops = 0;
+  {
+    const size_t bytes = size_t(4) << 30;
+    Tensor a = cuda::empty(DType::kU8, {int64_t(bytes)}), b = cuda::empty(DType::kU8, {int64_t(bytes)});
+    const double us = median_us([&](int) { QHEAD_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, s)); }, 10);
+    copy_gbps = 2.0 * double(bytes) / (us * 1e3);
+    BenchRow r;
+    r.path = "ceiling";
+    r.note = "copy bandwidth (read + write) of a 4 GiB device-to-device copy";
+    r.us_median = us;
+    r.gbps = copy_gbps;
+    r.bw_fraction = 1.0;
+    rows.push_back(r);
+  }
+  {
+    const int n = 8192;
+    Tensor a = cuda::empty(DType::kF16, {n, n}), b = cuda::empty(DType::kF16, {n, n}), c = cuda::empty(DType::kF32, {n, n});
+    fill_random_values<__half><<<grid_for(int64_t(n) * n), 256, 0, s>>>(a.ptr<__half>(), int64_t(n) * n, 1, 1.0f);
+    fill_random_values<__half><<<grid_for(int64_t(n) * n), 256, 0, s>>>(b.ptr<__half>(), int64_t(n) * n, 2, 1.0f);
+    QHEAD_CUDA_CHECK_LAUNCH("fill_random_values");
+    const double us = median_us([&](int) { dense_gemm(a.ptr<__half>(), b.ptr<__half>(), c.ptr<float>(), n, n, n); }, 10);
+    matrix_tflops = 2.0 * double(n) * n * n / (us * 1e6);
+    BenchRow r;
+    r.path = "ceiling_matrix";
+    r.note = "cuBLAS dense f16 GEMM 8192^3, f32 accumulate (TFLOP/s in gbps column)";
+    r.us_median = us;
+    r.gbps = matrix_tflops;
+    rows.push_back(r);
+  }
+
+  for (const BenchCase& bc : cfg.cases) {
+    const QuantScheme scheme = QuantScheme::parse(bc.scheme, DType::kF16);
+    const int64_t V = bc.vocab, H = bc.hidden;
+    scheme.check_hidden(H, "bench", bc.scheme);
+    const std::string shape = std::to_string(V) + "x" + std::to_string(H);
+    const int64_t words = scheme.packed_cols(H), G = scheme.groups(H);
+    const size_t table_bytes = size_t(V * words * 4 + V * G * 2 + (scheme.symmetric ? 0 : ((V * scheme.bits + 31) / 32) * G * 4));
+    const size_t dense_bytes = size_t(V * H * 2);
+    const int copies = int(std::max<double>(4.0, std::ceil(4.0 * l2 / double(table_bytes))));
+    const int dense_copies = int(std::max<double>(4.0, std::ceil(4.0 * l2 / double(dense_bytes))));
+    // Packed tables with random codes and positive random scales.
+    std::vector<Table> tables;
+    for (int c = 0; c < copies; ++c) {
+      PackedTable p;
+      p.scheme = scheme;
+      p.vocab = V;
+      p.hidden = H;
+      p.packed = cuda::empty(DType::kI32, {V, words});
+      p.scale = cuda::empty(DType::kF16, {V, G});
+      fill_random_words<<<grid_for(V * words), 256, 0, s>>>(p.packed.ptr<uint32_t>(), V * words, 100 + c);
+      fill_random_values<__half><<<grid_for(V * G), 256, 0, s>>>(p.scale.ptr<__half>(), V * G, 200 + c, 0.01f);
+      if (!scheme.symmetric) {
+        p.zero_point = cuda::empty(DType::kI32, {(V * scheme.bits + 31) / 32, G});
+        fill_random_words<<<grid_for(p.zero_point.numel()), 256, 0, s>>>(p.zero_point.ptr<uint32_t>(), p.zero_point.numel(), 300 + c);
+      }
+      QHEAD_CUDA_CHECK_LAUNCH("fill");
+      tables.push_back(Table::packed(std::move(p), "bench"));
+    }
+    std::vector<Tensor> dense;
+    for (int c = 0; c < dense_copies; ++c) {
+      dense.push_back(cuda::empty(DType::kF16, {V, H}));
+      fill_random_values<__half><<<grid_for(V * H), 256, 0, s>>>(dense.back().ptr<__half>(), V * H, 400 + c, 0.05f);
+    }
+    // The read ceiling over exactly the table's bytes (its largest part: the packed codes + scales).
+    Tensor sink_t = cuda::empty(DType::kU32, {1});
+    uint32_t* sink = sink_t.ptr<uint32_t>();
+    const double read_us = median_us([&](int i) {
+      const Table& t = tables[size_t(i) % tables.size()];
+      const PackedTable& p = t.packed();
+      // One launch over the whole allocation-sized byte count: packed codes + scales are
+      // separate tensors here, so read each (the kernel's own launches are two as well).
+      stream_read<<<prop.multiProcessorCount * 4, 512, 0, s>>>(static_cast<const uint4*>(p.packed.data()), int64_t(p.packed.nbytes() / 16), sink);
+      stream_read<<<prop.multiProcessorCount, 512, 0, s>>>(static_cast<const uint4*>(p.scale.data()), int64_t(p.scale.nbytes() / 16), sink);
+    }, reps);
+    {
+      BenchRow r;
+      r.shape = shape;
+      r.scheme = scheme.name();
+      r.path = "read_ceiling";
+      r.us_median = read_us;
+      r.gbps = double(table_bytes) / (read_us * 1e3);
+      r.bw_fraction = r.gbps / copy_gbps;
+      r.note = "pure streaming read of the packed table's bytes (" + std::to_string(copies) + " copies rotated)";
+      rows.push_back(r);
+    }
+
+    for (int64_t M : cfg.m) {
+      Tensor x = cuda::empty(DType::kF16, {M, H});
+      fill_random_values<__half><<<grid_for(M * H), 256, 0, s>>>(x.ptr<__half>(), M * H, 500 + M, 1.0f);
+      Tensor out = cuda::empty(DType::kF32, {M, V});
+      const int64_t k = std::min<int64_t>(cfg.k, V);
+      Tensor tv = cuda::empty(DType::kF32, {M, k}), ti = cuda::empty(DType::kI32, {M, k}), tl = cuda::empty(DType::kF32, {M});
+      const double flops = 2.0 * double(M) * double(V) * double(H);
+      auto add = [&](const std::string& path, double us, double bytes, double dense_us, const std::string& note) {
+        BenchRow r;
+        r.shape = shape;
+        r.scheme = scheme.name();
+        r.m = M;
+        r.path = path;
+        r.us_median = us;
+        r.gbps = bytes / (us * 1e3);
+        r.bw_fraction = r.gbps / copy_gbps;
+        r.speedup_vs_dense = dense_us > 0 ? dense_us / us : 0.0;
+        r.read_ceiling_fraction = read_us / us;
+        r.matrix_fraction = flops / (us * 1e6) / matrix_tflops;
+        r.note = note;
+        rows.push_back(r);
+      };
+      const double dense_us = median_us([&](int i) {
+        dense_gemm(dense[size_t(i) % dense.size()].ptr<__half>(), x.ptr<__half>(), out.ptr<float>(), int(V), int(H), int(M));
+      }, reps);
+      add("dense", dense_us, double(dense_bytes), dense_us, "cuBLAS f16 GEMM on the unquantized f16 table");
+      const double fb_us = median_us([&](int i) {
+        logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFallbackBlas);
+      }, std::min(reps, 10));
+      add("fallback", fb_us, double(table_bytes), dense_us, "dequantize to f16 + cuBLAS");
+      const double fused_us = median_us([&](int i) {
+        logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kAuto);
+      }, reps);
+      add("fused", fused_us, double(table_bytes), dense_us, "");
+      const double topk_us = median_us([&](int i) {
+        topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(), Backend::kAuto);
+      }, reps);
+      add("fused_topk", topk_us, double(table_bytes), dense_us,
+          "k = " + std::to_string(k) + "; fused logits + separate top-k kernel (epilogue not fused yet)");
+    }
+  }
+  QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));
+  return rows;
+}
+
+}  // namespace qhead::bench
