@@ -21,7 +21,7 @@ namespace {
 
 using qhead::DType;
 using qhead::ErrorCode;
-using qhead::testing::expect_error;
+using qhead::test::expect_error;
 
 // ---- independent decoders / encoders (no library code) ------------------------
 

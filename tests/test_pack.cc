@@ -19,8 +19,8 @@ namespace {
 using qhead::DType;
 using qhead::ErrorCode;
 using qhead::QuantScheme;
-using qhead::testing::expect_error;
-using qhead::testing::stream_code;
+using qhead::test::expect_error;
+using qhead::test::stream_code;
 
 constexpr int32_t kCanary = static_cast<int32_t>(0xdeadbeefu);
 
@@ -172,6 +172,31 @@ TEST(Pack, ZeroPointsExactLayout) {
   EXPECT_EQ(static_cast<uint32_t>(out[1]), 0x89abcdefu);  // [0, 1]
   EXPECT_EQ(static_cast<uint32_t>(out[2]), 0x00000008u);  // [1, 0]
   EXPECT_EQ(static_cast<uint32_t>(out[3]), 0x00000007u);  // [1, 1]
+}
+
+// The tests' own dequantizer (test_util.h, used as the oracle's source of
+// weights) reads codes through a 64-bit window; it must agree with the
+// bit-by-bit reader above for every bit width, including straddling codes.
+TEST(Pack, TestDequantizerAgreesWithBitReader) {
+  for (int bits = 2; bits <= 8; ++bits) {
+    for (bool sym : {true, false}) {
+      const QuantScheme s{bits, bits % 2 ? 32 : -1, sym, DType::kBF16};
+      const int64_t v = 13, h = 96;
+      const qhead::PackedTable p = qhead::test::random_packed(v, h, s, static_cast<uint64_t>(bits * 2 + sym));
+      const int64_t g = s.groups(h), gl = s.group_len(h), cols = s.packed_cols(h);
+      std::vector<double> got(static_cast<size_t>(h));
+      for (int64_t r = 0; r < v; ++r) {
+        qhead::test::dequant_row_expected(p, r, got.data());
+        for (int64_t j = 0; j < h; ++j) {
+          const int64_t k = j / gl;
+          const int q = static_cast<int>(stream_code(p.packed.ptr<int32_t>() + r * cols, j, bits)) - s.offset();
+          const int z = sym ? 0 : static_cast<int>(stream_code(p.zero_point.ptr<int32_t>() + k, r, bits, g)) - s.offset();
+          const double sc = qhead::load_as_f32(p.scale.data(), DType::kBF16, r * g + k);
+          ASSERT_EQ(got[static_cast<size_t>(j)], (q - z) * sc) << "bits " << bits << " row " << r << " col " << j;
+        }
+      }
+    }
+  }
 }
 
 // ---- QuantScheme -----------------------------------------------------------------------

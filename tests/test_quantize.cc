@@ -27,10 +27,10 @@ using qhead::PackedTable;
 using qhead::QuantScheme;
 using qhead::Table;
 using qhead::Tensor;
-using qhead::testing::expect_error;
-using qhead::testing::kU32;
-using qhead::testing::stream_code;
-using qhead::testing::unit_roundoff;
+using qhead::test::expect_error;
+using qhead::test::kU32;
+using qhead::test::stream_code;
+using qhead::test::unit_roundoff;
 
 // A [v, h] table in dtype t whose rows have different centres and spreads
 // (c + r·U(-1, 1), c ∈ [-1, 1], r ∈ [0.05, 1]), so that all-positive,
@@ -254,8 +254,9 @@ TEST(QuantizeRtn, ErrorBoundSweep) {
         ASSERT_EQ(p.scale.shape(), (qhead::Shape{v, c.scheme.groups(h)}));
         ASSERT_EQ(p.scale.dtype(), c.scheme.scale_dtype);
         ASSERT_EQ(p.zero_point.defined(), !c.scheme.symmetric);
-        if (!c.scheme.symmetric)
+        if (!c.scheme.symmetric) {
           ASSERT_EQ(p.zero_point.shape(), (qhead::Shape{(v * c.scheme.bits + 31) / 32, c.scheme.groups(h)}));
+        }
         EXPECT_NO_THROW(Table::packed(p, "tbl"));  // the result passes the table's own validation
         EXPECT_EQ(check_quantized(dense, p, c), 0);
         ++checked;
@@ -265,25 +266,67 @@ TEST(QuantizeRtn, ErrorBoundSweep) {
   EXPECT_GT(checked, 200);
 }
 
-// The symmetric int4 corner spelled out: a group holding +amax maps it to
-// amax/s = 7.5 → clamped to 7, an error of exactly s/2; -amax → -7.5 → -8 (half
-// to even), exact.
+// The symmetric int4 corner spelled out, with values chosen so every step is
+// exact: amax = 1.875 gives s = 1.875 / 7.5 = 0.25; +amax maps to 7.5 → clamped
+// to 7, an error of exactly s/2; -amax maps to -7.5 → -8 (half to even), also
+// s/2 off, on the other side; multiples of s in between are exact.
 TEST(QuantizeRtn, SymmetricInt4Extremes) {
   Tensor dense = Tensor::empty(DType::kF32, {2, 32});
   for (int j = 0; j < 32; ++j) {
-    dense.ptr<float>()[j] = (j == 5) ? 3.0f : 0.25f * static_cast<float>((j % 7) - 3) / 3.0f;
-    dense.ptr<float>()[32 + j] = (j == 9) ? -3.0f : 0.1f * static_cast<float>((j % 5) - 2);
+    dense.ptr<float>()[j] = (j == 5) ? 1.875f : 0.25f * static_cast<float>((j % 7) - 3);
+    dense.ptr<float>()[32 + j] = (j == 9) ? -1.875f : 0.25f * static_cast<float>((j % 5) - 2);
   }
-  const PackedTable p = qhead::quantize_rtn(dense.view(), QuantScheme{4, 32, true, DType::kF32}, 1);
+  const QuantScheme s{4, 32, true, DType::kF32};
+  const PackedTable p = qhead::quantize_rtn(dense.view(), s, 1);
   std::vector<float> w(32);
   p.dequantize_row(0, w.data());
-  const float s0 = p.scale.ptr<float>()[0];
-  EXPECT_EQ(s0, 3.0f / 7.5f);
+  EXPECT_EQ(p.scale.ptr<float>()[0], 0.25f);
   EXPECT_EQ(qhead::code_at(p.packed.ptr<int32_t>(), 5, 4), 7);
-  EXPECT_FLOAT_EQ(3.0f - w[5], s0 / 2);
+  EXPECT_EQ(1.875f - w[5], 0.125f);
+  for (int j = 0; j < 32; ++j)
+    if (j != 5) {
+      EXPECT_EQ(w[static_cast<size_t>(j)], dense.ptr<float>()[j]) << "multiples of s are exact, col " << j;
+    }
   p.dequantize_row(1, w.data());
-  EXPECT_EQ(qhead::code_at(p.packed.ptr<int32_t>() + p.scheme.packed_cols(32), 9, 4), -8);
-  EXPECT_EQ(w[9], -3.0f);
+  EXPECT_EQ(p.scale.ptr<float>()[1], 0.25f);
+  EXPECT_EQ(qhead::code_at(p.packed.ptr<int32_t>() + s.packed_cols(32), 9, 4), -8);
+  EXPECT_EQ(w[9], -2.0f);
+  for (int j = 0; j < 32; ++j)
+    if (j != 9) {
+      EXPECT_EQ(w[static_cast<size_t>(j)], dense.ptr<float>()[32 + j]) << "col " << j;
+    }
+}
+
+// Codes round half to even (torch.round), as compressed-tensors does: with
+// s = 0.25 exactly, x = 0.125·k lands on k/2, so odd k are exact ties.
+TEST(QuantizeRtn, RoundsHalfToEven) {
+  Tensor dense = Tensor::empty(DType::kF32, {1, 32});
+  const int k[8] = {1, 3, 5, -1, -3, -5, 7, 15};  // x/s = 0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 3.5, 7.5
+  const int want[8] = {0, 2, 2, 0, -2, -2, 4, 7};  // 7.5 → 8 → clamped to 7 (qmax)
+  for (int j = 0; j < 32; ++j) dense.ptr<float>()[j] = j < 8 ? 0.125f * static_cast<float>(k[j]) : 0.0f;
+  const PackedTable p = qhead::quantize_rtn(dense.view(), QuantScheme{4, 32, true, DType::kF32}, 1);
+  ASSERT_EQ(p.scale.ptr<float>()[0], 0.25f);  // amax 1.875 / 7.5
+  for (int j = 0; j < 8; ++j) EXPECT_EQ(qhead::code_at(p.packed.ptr<int32_t>(), j, 4), want[j]) << "x/s = " << k[j] / 2.0;
+}
+
+// Codes are computed with the scale as stored (rounded to the scale dtype),
+// so that (q - z)·s_stored reproduces x to within s/2: with F32 input and F16
+// scales, s_x = 1/7.5 is not an f16 number (s16 = 1092·2^-13 is 0.024% smaller),
+// and x = 6.5·s16·(1 + 2^-12) sits just above the 6.5 tie for s16 but just
+// below it for s_x. The stored scale gives code 7; the unrounded one would
+// give 6, 0.5002·s16 away from x instead of 0.4998·s16.
+TEST(QuantizeRtn, CodesUseTheStoredScale) {
+  const float s_x = 1.0f / 7.5f;
+  const float s16 = qhead::round_through(s_x, DType::kF16);
+  const float x = 6.5f * s16 * (1.0f + std::ldexp(1.0f, -12));
+  ASSERT_NE(s16, s_x);
+  ASSERT_GT(x / s16, 6.5f);  // premises of the construction
+  ASSERT_LT(x / s_x, 6.5f);
+  Tensor dense = Tensor::empty(DType::kF32, {1, 32});
+  for (int j = 0; j < 32; ++j) dense.ptr<float>()[j] = j == 0 ? 1.0f : j == 1 ? x : -0.25f;
+  const PackedTable p = qhead::quantize_rtn(dense.view(), QuantScheme{4, 32, true, DType::kF16}, 1);
+  EXPECT_EQ(qhead::load_as_f32(p.scale.data(), DType::kF16, 0), s16);
+  EXPECT_EQ(qhead::code_at(p.packed.ptr<int32_t>(), 1, 4), 7);
 }
 
 // An all-zero row (and an all-zero group inside a non-zero row) dequantizes to
@@ -301,7 +344,9 @@ TEST(QuantizeRtn, ZeroRowsAndGroups) {
       p.dequantize_row(1, w.data());
       for (int j = 0; j < 128; ++j) ASSERT_EQ(w[static_cast<size_t>(j)], 0.0f) << "row 1 col " << j;
       EXPECT_EQ(qhead::load_as_f32(p.scale.data(), s.scale_dtype, 1 * s.groups(128)), eps_of(s.scale_dtype));
-      if (!s.symmetric) EXPECT_EQ(qhead::zero_point_at(p.zero_point.ptr<int32_t>(), s.groups(128), 1, 0, s.bits), s.qmin());
+      if (!s.symmetric) {
+        EXPECT_EQ(qhead::zero_point_at(p.zero_point.ptr<int32_t>(), s.groups(128), 1, 0, s.bits), s.qmin());
+      }
       if (!s.per_row()) {
         p.dequantize_row(3, w.data());
         for (int j = 0; j < 32; ++j) ASSERT_EQ(w[static_cast<size_t>(j)], 0.0f) << "row 3 col " << j;
@@ -349,9 +394,10 @@ TEST(QuantizeRtn, IdenticalAcrossThreadCounts) {
         ASSERT_EQ(a.packed.nbytes(), b.packed.nbytes());
         EXPECT_EQ(std::memcmp(a.packed.data(), b.packed.data(), a.packed.nbytes()), 0) << "packed, threads " << threads;
         EXPECT_EQ(std::memcmp(a.scale.data(), b.scale.data(), a.scale.nbytes()), 0) << "scale, threads " << threads;
-        if (!s.symmetric)
+        if (!s.symmetric) {
           EXPECT_EQ(std::memcmp(a.zero_point.data(), b.zero_point.data(), a.zero_point.nbytes()), 0)
               << "zero point, threads " << threads;
+        }
       }
     }
   }

@@ -24,7 +24,7 @@
 #include "qhead/table.h"
 #include "qhead/tensor.h"
 
-namespace qhead::testing {
+namespace qhead::test {
 
 using Rng = std::mt19937_64;
 
@@ -46,8 +46,6 @@ inline double gamma_n(int64_t n, double u) {
   const double nu = static_cast<double>(n) * u;
   return nu / (1.0 - nu);
 }
-
-inline const char* name_of(DType t) { return dtype_name(t); }
 
 // ---- random data --------------------------------------------------------------
 
@@ -121,17 +119,24 @@ inline uint32_t stream_code(const int32_t* words, int64_t i, int bits, int64_t s
 // w = (q - z) · s. (q - z) is an integer of at most 9 bits and s has at most
 // 24 significant bits, so the double product is exact; rounding it once to
 // f32 gives exactly what a correctly rounded f32 multiply gives.
+// Codes are read through a 64-bit window over the row's little-endian bit
+// stream (the layout stream_code() reads bit by bit; Pack.TestDequantizer-
+// AgreesWithBitReader checks the two agree).
 inline void dequant_row_expected(const PackedTable& p, int64_t v, double* out) {
   const QuantScheme& s = p.scheme;
   const int64_t cols = s.packed_cols(p.hidden), g = s.groups(p.hidden), gl = s.group_len(p.hidden);
-  const int32_t* row = p.packed.ptr<int32_t>() + v * cols;
+  const auto* row = reinterpret_cast<const uint32_t*>(p.packed.ptr<int32_t>() + v * cols);
+  const uint64_t mask = (uint64_t{1} << s.bits) - 1;
   for (int64_t k = 0; k < g; ++k) {
     const double sc = load_as_f32(p.scale.data(), p.scale.dtype(), v * g + k);
     int z = 0;
     if (!s.symmetric)
       z = static_cast<int>(stream_code(p.zero_point.ptr<int32_t>() + k, v, s.bits, g)) - s.offset();
     for (int64_t j = k * gl; j < (k + 1) * gl; ++j) {
-      const int q = static_cast<int>(stream_code(row, j, s.bits)) - s.offset();
+      const int64_t bit = j * s.bits, word = bit / 32;
+      uint64_t window = row[word];
+      if (word + 1 < cols) window |= static_cast<uint64_t>(row[word + 1]) << 32;
+      const int q = static_cast<int>((window >> (bit % 32)) & mask) - s.offset();
       out[j] = static_cast<double>(q - z) * sc;
     }
   }
@@ -145,22 +150,28 @@ struct Dot {
   double abs_sum = 0.0;
 };
 inline Dot dot_f64(const float* a, const float* b, int64_t n) {
-  // Four partial sums only to keep the oracle fast; its own error is covered
-  // by the γ_n(2^-53) term of logit_tol().
-  double s[4] = {0, 0, 0, 0}, t[4] = {0, 0, 0, 0};
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4)
-    for (int l = 0; l < 4; ++l) {
-      const double p = static_cast<double>(a[j + l]) * static_cast<double>(b[j + l]);
-      s[l] += p;
-      t[l] += std::fabs(p);
-    }
-  for (; j < n; ++j) {
-    const double p = static_cast<double>(a[j]) * static_cast<double>(b[j]);
-    s[0] += p;
-    t[0] += std::fabs(p);
+  // Four partial sums only to keep the oracle fast (they vectorize); its own
+  // error is covered by the γ_n(2^-53) term of logit_tol().
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0, t0 = 0, t1 = 0, t2 = 0, t3 = 0;
+  const int64_t n4 = n - n % 4;
+  for (int64_t j = 0; j < n4; j += 4) {
+    const double p0 = static_cast<double>(a[j]) * b[j], p1 = static_cast<double>(a[j + 1]) * b[j + 1];
+    const double p2 = static_cast<double>(a[j + 2]) * b[j + 2], p3 = static_cast<double>(a[j + 3]) * b[j + 3];
+    s0 += p0;
+    s1 += p1;
+    s2 += p2;
+    s3 += p3;
+    t0 += std::fabs(p0);
+    t1 += std::fabs(p1);
+    t2 += std::fabs(p2);
+    t3 += std::fabs(p3);
   }
-  return {(s[0] + s[1]) + (s[2] + s[3]), (t[0] + t[1]) + (t[2] + t[3])};
+  for (int64_t j = n4; j < n; ++j) {
+    const double p = static_cast<double>(a[j]) * b[j];
+    s0 += p;
+    t0 += std::fabs(p);
+  }
+  return {(s0 + s1) + (s2 + s3), (t0 + t1) + (t2 + t3)};
 }
 
 // Bound on |computed f32 dot - oracle| for a length-h dot product:
@@ -170,13 +181,6 @@ inline Dot dot_f64(const float* a, const float* b, int64_t n) {
 // as the code under test; nothing else enters.
 inline double logit_tol(const Dot& d, int64_t h) {
   return (gamma_n(h, kU32) + gamma_n(h + 4, kU64)) * d.abs_sum;
-}
-
-// Dense f32 copy of every row of a table, via Table::row_f32.
-inline std::vector<float> table_rows_f32(const Table& t) {
-  std::vector<float> w(static_cast<size_t>(t.vocab() * t.hidden()));
-  for (int64_t v = 0; v < t.vocab(); ++v) t.row_f32(v, w.data() + v * t.hidden());
-  return w;
 }
 
 // ---- poisoning ---------------------------------------------------------------------------
@@ -223,4 +227,4 @@ inline std::string expect_error(const std::function<void()>& fn, ErrorCode code)
   return "";
 }
 
-}  // namespace qhead::testing
+}  // namespace qhead::test

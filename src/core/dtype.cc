@@ -68,6 +68,7 @@ void convert(const void* src, DType src_t, void* dst, DType dst_t, int64_t n) {
     throw Error(ErrorCode::kInvalidArgument, "convert",
                 std::string("only F32/F16/BF16 convert, got ") + dtype_name(src_t) + " -> " +
                     dtype_name(dst_t));
+  if (n <= 0) return;
   if (src_t == dst_t) {
     std::memcpy(dst, src, size_t(n) * dtype_size(src_t));
     return;

@@ -37,6 +37,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 #include "common.cuh"
 
@@ -100,13 +101,30 @@ __device__ __forceinline__ uint32_t make_bias(int z) {
   return pack2<T>(b, b);
 }
 
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {  // (a & b) | c, one LOP3
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t hfma2_u32(uint32_t a, uint32_t b, uint32_t c) {
+  __half2 r = __hfma2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b), *reinterpret_cast<__half2*>(&c));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
 // Pair p (0/1) of k-block j (0/1 for 4-bit, 0 for 8-bit) of word w, as
-// (q − z) values in T.
+// (q − z) values in T. `bias` = magic + 2^(b-1) + z as a pair; for f16 4-bit
+// `bias16` = −(64 + 8 + z) as a pair, used for the odd nibbles, which are
+// taken in place (bits 4–7 of a byte → 1024 + 16·c, then ·1/16 − 72 − z by one
+// HFMA2, exact) instead of being shifted down first.
 template <int BITS, class T>
-__device__ __forceinline__ uint32_t dequant_pair(uint32_t w, int j, int p, uint32_t bias, float zoff) {
-  if constexpr (BITS == 4) {
-    const uint32_t v = ((w >> (8 * j + 4 * p)) & 0x000F000Fu) | Magic<T>::k4;
-    return sub2<T>(v, bias);
+__device__ __forceinline__ uint32_t dequant_pair(uint32_t w, int j, int p, uint32_t bias, uint32_t bias16, float zoff) {
+  if constexpr (BITS == 4 && std::is_same_v<T, __half>) {
+    const uint32_t ws = j ? (w >> 8) : w;
+    if (p == 0) return sub2<T>(lop3_and_or(ws, 0x000F000Fu, Magic<T>::k4), bias);
+    return hfma2_u32(lop3_and_or(ws, 0x00F000F0u, Magic<T>::k4), 0x2C002C00u /* 1/16 */, bias16);
+  } else if constexpr (BITS == 4) {
+    return sub2<T>(lop3_and_or(w >> (8 * j + 4 * p), 0x000F000Fu, Magic<T>::k4), bias);
   } else if constexpr (std::is_same_v<T, __half>) {
     const uint32_t v = __byte_perm(w, 0x64646464u, p == 0 ? 0x4240u : 0x4341u);  // (1024 + c0, 1024 + c2)
     return sub2<T>(v, bias);
@@ -303,7 +321,7 @@ __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
           for (int n = 0; n < NT; ++n) cacc[r][n][0] = cacc[r][n][1] = cacc[r][n][2] = cacc[r][n][3] = 0.0f;
       }
       // The (q − z) subtrahends of this chunk's rows.
-      uint32_t bias[RT][2];
+      uint32_t bias[RT][2], bias16[RT][2];
       float zoff[RT][2];
 #pragma unroll
       for (int r = 0; r < RT; ++r)
@@ -311,6 +329,7 @@ __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
         for (int h = 0; h < 2; ++h) {
           const int z = ASYM ? int((sl.zw[r][h] >> zsh[r][h]) & ((1u << BITS) - 1u)) - (1 << (BITS - 1)) : 0;
           bias[r][h] = make_bias<BITS, T>(z);
+          bias16[r][h] = pack2<T>(-(64.0f + 8.0f + float(z)), -(64.0f + 8.0f + float(z)));
           zoff[r][h] = 8388608.0f + float(1 << (BITS - 1)) + float(z);
         }
       // All B fragments of the chunk (NT <= 4) or of each k-block, loaded in a batch.
@@ -322,21 +341,21 @@ __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
         for (int kk = 0; kk < kBatch; ++kk)
 #pragma unroll
           for (int n = 0; n < NT; ++n)
-            B[kk][n] = (m0 + n * 8 < Mpad) ? __ldg(xp + (int64_t(kb0 + kk) * Mpad + n * 8) * 4) : make_uint2(0u, 0u);
+            B[kk][n] = (n == 0 || m0 + n * 8 < Mpad) ? __ldg(xp + (int64_t(kb0 + kk) * Mpad + n * 8) * 4) : make_uint2(0u, 0u);
 #pragma unroll
         for (int kk = 0; kk < kBatch; ++kk) {
           const int kb = kb0 + kk, i = kb / KB, j = kb % KB;
           uint32_t A[RT][4];
 #pragma unroll
           for (int r = 0; r < RT; ++r) {
-            A[r][0] = dequant_pair<BITS, T>(sl.w[r][0][i], j, 0, bias[r][0], zoff[r][0]);
-            A[r][1] = dequant_pair<BITS, T>(sl.w[r][1][i], j, 0, bias[r][1], zoff[r][1]);
-            A[r][2] = dequant_pair<BITS, T>(sl.w[r][0][i], j, 1, bias[r][0], zoff[r][0]);
-            A[r][3] = dequant_pair<BITS, T>(sl.w[r][1][i], j, 1, bias[r][1], zoff[r][1]);
+            A[r][0] = dequant_pair<BITS, T>(sl.w[r][0][i], j, 0, bias[r][0], bias16[r][0], zoff[r][0]);
+            A[r][1] = dequant_pair<BITS, T>(sl.w[r][1][i], j, 0, bias[r][1], bias16[r][1], zoff[r][1]);
+            A[r][2] = dequant_pair<BITS, T>(sl.w[r][0][i], j, 1, bias[r][0], bias16[r][0], zoff[r][0]);
+            A[r][3] = dequant_pair<BITS, T>(sl.w[r][1][i], j, 1, bias[r][1], bias16[r][1], zoff[r][1]);
           }
 #pragma unroll
           for (int n = 0; n < NT; ++n) {
-            if (m0 + n * 8 >= Mpad) break;  // warp-uniform
+            if (n > 0 && m0 + n * 8 >= Mpad) break;  // warp-uniform; tile 0 always exists (m0 < Mpad)
 #pragma unroll
             for (int r = 0; r < RT; ++r) mma16816<T>(cacc[r][n], A[r], B[kk][n].x, B[kk][n].y);
           }
@@ -414,9 +433,8 @@ inline int sm_count() {
   return n;
 }
 
-template <int BITS, class T, int L, int RT, int NT, int D, bool ASYM>
+template <int BITS, class T, int L, int RT, int NT, int D, bool ASYM, int kWarps = 8>
 void launch_logits_cfg(const LogitsArgs& a, cudaStream_t s) {
-  constexpr int kWarps = 8;
   auto kernel = logits_mma_kernel<BITS, T, L, RT, NT, D, ASYM>;
   static int per_sm = [&] {
     int b = 0;
@@ -442,7 +460,10 @@ void launch_logits_l(const LogitsArgs& a, cudaStream_t s) {
       static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, a.H);
   QHEAD_CUDA_CHECK_LAUNCH("permute_x_kernel");
   const bool asym = a.zp != nullptr;
-  if (a.M <= 8) asym ? launch_logits_cfg<BITS, T, L, 1, 1, 4, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 1, 4, false>(a, s);
+  // M <= 8: two row tiles per warp for 4-bit (measured 44 vs 58 us on 151936x1024 w4g64),
+  // one for 8-bit (61 vs 70 us on w8g128): the 8-bit ring of two tiles costs occupancy.
+  if (a.M <= 8 && BITS == 8) asym ? launch_logits_cfg<BITS, T, L, 1, 1, 4, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 1, 4, false>(a, s);
+  else if (a.M <= 8) asym ? launch_logits_cfg<BITS, T, L, 2, 1, 4, true, 4>(a, s) : launch_logits_cfg<BITS, T, L, 2, 1, 4, false, 4>(a, s);
   else if (a.M <= 16) asym ? launch_logits_cfg<BITS, T, L, 1, 2, 4, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 2, 4, false>(a, s);
   else if (a.M <= 32) asym ? launch_logits_cfg<BITS, T, L, 1, 4, 4, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 4, 4, false>(a, s);
   else asym ? launch_logits_cfg<BITS, T, L, 1, 8, 2, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 8, 2, false>(a, s);

@@ -32,7 +32,7 @@ struct Workspace {
   size_t bytes = 0;
 };
 Workspace& workspace_slot(int i) {
-  static Workspace w[3];
+  static Workspace w[4];
   return w[i];
 }
 // Grow-only scratch buffer `slot` of at least `bytes` (stream-ordered reuse).
@@ -197,102 +197,137 @@ __device__ float block_max(float x, float* scratch) {
   return t;
 }
 
-// logits [M, V] → per row: top-k (value desc, id asc), log-sum-exp.
-// Radix select on order-preserving keys finds the k-th largest key in four
-// 8-bit passes; then everything above it, and the lowest-id ties equal to
-// it, are gathered in id order and sorted.
-__global__ void __launch_bounds__(kTopkThreads) topk_rows_kernel(const float* __restrict__ logits, int64_t V, int k,
-                                                                  float* values, int* ids, float* lse) {
-  __shared__ unsigned hist[256];
-  __shared__ float sv[2 * kMaxK];
-  __shared__ int si[2 * kMaxK];
-  __shared__ double dscratch[32];
-  __shared__ float fscratch[32];
-  __shared__ unsigned s_prefix, s_need, s_count, s_ties;
-  const int m = blockIdx.x;
-  const float* row = logits + int64_t(m) * V;
+// Top-k of n values of one row by one block: value descending, ties to the
+// lower id. Ids are id_base + i, or ids[i] when given (the merge stage; ties
+// must then appear in increasing id order in the array, which stage 1's
+// output does). Radix select on order-preserving keys finds the k-th largest
+// key in four 8-bit passes; then everything above it, and the first ties
+// equal to it, are gathered in array order and sorted. Writes k results
+// (padded with −inf / INT_MAX when n < k).
+struct TopkSmem {
+  unsigned hist[256];
+  float sv[kMaxK];
+  int si[kMaxK];
+  unsigned warp_ties[32];
+  unsigned prefix, need, count, ties;
+};
 
-  // log-sum-exp: max, then Σ exp(l − max) in f64.
-  float mx = -INFINITY;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, row[i]);
-  mx = block_max(mx, fscratch);
-  double s = 0.0;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) s += exp(double(row[i]) - double(mx));
-  s = block_sum(s, dscratch);
-  if (threadIdx.x == 0) lse[m] = float(double(mx) + log(s));
-
-  // Radix select: the k-th largest key.
-  if (threadIdx.x == 0) { s_prefix = 0; s_need = k; }
+__device__ void block_topk(const float* __restrict__ vals, const int* __restrict__ ids, int64_t id_base, int64_t n,
+                           int k, float* out_v, int* out_i, TopkSmem& sm) {
+  const int kk = int(n < int64_t(k) ? n : int64_t(k));
+  if (threadIdx.x == 0) { sm.prefix = 0; sm.need = kk; }
   __syncthreads();
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+  for (int shift = 24; shift >= 0 && kk > 0; shift -= 8) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.hist[i] = 0;
     __syncthreads();
     const uint32_t mask_hi = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
-    const uint32_t prefix = s_prefix;
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-      const uint32_t key = order_key(row[i]);
-      if ((key & mask_hi) == prefix) atomicAdd(&hist[(key >> shift) & 0xFFu], 1u);
+    const uint32_t prefix = sm.prefix;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const uint32_t key = order_key(vals[i]);
+      if ((key & mask_hi) == prefix) atomicAdd(&sm.hist[(key >> shift) & 0xFFu], 1u);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      unsigned need = s_need, cum = 0;
+      unsigned need = sm.need, cum = 0;
       int d = 255;
       for (; d > 0; --d) {
-        if (cum + hist[d] >= need) break;
-        cum += hist[d];
+        if (cum + sm.hist[d] >= need) break;
+        cum += sm.hist[d];
       }
-      s_need = need - cum;
-      s_prefix = prefix | (uint32_t(d) << shift);
+      sm.need = need - cum;
+      sm.prefix = prefix | (uint32_t(d) << shift);
     }
     __syncthreads();
   }
-  const uint32_t kth = s_prefix;
-  const unsigned ties_wanted = s_need;  // how many keys == kth to take
-  // Gather, in id order: keys > kth all; keys == kth the first ties_wanted.
-  if (threadIdx.x == 0) { s_count = 0; s_ties = 0; }
+  const uint32_t kth = sm.prefix;
+  const unsigned ties_wanted = kk > 0 ? sm.need : 0;
+  if (threadIdx.x == 0) { sm.count = 0; sm.ties = 0; }
   __syncthreads();
   const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  __shared__ unsigned warp_ties[32];
-  for (int64_t base = 0; base < V; base += blockDim.x) {
+  for (int64_t base = 0; base < n && kk > 0; base += blockDim.x) {
     const int64_t i = base + threadIdx.x;
-    const float v = i < V ? row[i] : -INFINITY;
-    const uint32_t key = i < V ? order_key(v) : 0u;
-    const bool gt = i < V && key > kth;
-    const bool eq = i < V && key == kth;
+    const float v = i < n ? vals[i] : -INFINITY;
+    const uint32_t key = i < n ? order_key(v) : 0u;
+    const bool gt = i < n && key > kth;
+    const bool eq = i < n && key == kth;
+    const int id = i < n ? (ids ? ids[i] : int(id_base + i)) : 0;
     if (gt) {
-      const unsigned pos = atomicAdd(&s_count, 1u);
-      sv[pos] = v;
-      si[pos] = int(i);
+      const unsigned pos = atomicAdd(&sm.count, 1u);
+      sm.sv[pos] = v;
+      sm.si[pos] = id;
     }
-    // ordered selection of ties: prefix over the block in thread (= id) order
     const unsigned bal = __ballot_sync(0xffffffffu, eq);
-    if (l == 0) warp_ties[w] = __popc(bal);
+    if (l == 0) sm.warp_ties[w] = __popc(bal);
     __syncthreads();
-    unsigned before = s_ties;
-    for (int j = 0; j < w; ++j) before += warp_ties[j];
+    unsigned before = sm.ties;
+    for (int j = 0; j < w; ++j) before += sm.warp_ties[j];
     before += __popc(bal & ((1u << l) - 1u));
     if (eq && before < ties_wanted) {
-      const unsigned pos = atomicAdd(&s_count, 1u);
-      sv[pos] = v;
-      si[pos] = int(i);
+      const unsigned pos = atomicAdd(&sm.count, 1u);
+      sm.sv[pos] = v;
+      sm.si[pos] = id;
     }
     __syncthreads();
     if (threadIdx.x == 0) {
       unsigned tot = 0;
-      for (int j = 0; j < int(blockDim.x >> 5); ++j) tot += warp_ties[j];
-      s_ties += tot;
+      for (int j = 0; j < int(blockDim.x >> 5); ++j) tot += sm.warp_ties[j];
+      sm.ties += tot;
     }
     __syncthreads();
   }
-  int n = 1;
-  while (n < k) n <<= 1;
-  for (int i = k + threadIdx.x; i < n; i += blockDim.x) { sv[i] = -INFINITY; si[i] = 0x7fffffff; }
+  int np = 1;
+  while (np < k) np <<= 1;
+  for (int i = kk + threadIdx.x; i < np; i += blockDim.x) { sm.sv[i] = -INFINITY; sm.si[i] = 0x7fffffff; }
   __syncthreads();
-  bitonic_sort(sv, si, n);
+  bitonic_sort(sm.sv, sm.si, np);
   for (int i = threadIdx.x; i < k; i += blockDim.x) {
-    values[int64_t(m) * k + i] = sv[i];
-    ids[int64_t(m) * k + i] = si[i];
+    out_v[i] = sm.sv[i];
+    out_i[i] = sm.si[i];
   }
+  __syncthreads();
+}
+
+constexpr int64_t kTopkSlice = 4096;  // vocab entries per stage-1 block
+
+// Stage 1: block (p, m) takes slice p of row m: its top-k candidates and its
+// (max, Σ exp(l − max)) for the log-sum-exp.
+__global__ void __launch_bounds__(kTopkThreads) topk_stage1_kernel(const float* __restrict__ logits, int64_t V, int k,
+                                                                    int P, float* cand_v, int* cand_i, float* pmax,
+                                                                    float* psum) {
+  __shared__ TopkSmem sm;
+  __shared__ float fscratch[32];
+  const int p = blockIdx.x, m = blockIdx.y;
+  const int64_t b = int64_t(p) * kTopkSlice, e = (V < b + kTopkSlice) ? V : b + kTopkSlice;
+  const float* row = logits + int64_t(m) * V + b;
+  float mx = -INFINITY;
+  for (int64_t i = threadIdx.x; i < e - b; i += blockDim.x) mx = fmaxf(mx, row[i]);
+  mx = block_max(mx, fscratch);
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < e - b; i += blockDim.x) s += __expf(row[i] - mx);
+  s = block_sum(s, fscratch);
+  if (threadIdx.x == 0) { pmax[int64_t(m) * P + p] = mx; psum[int64_t(m) * P + p] = s; }
+  const int64_t o = (int64_t(m) * P + p) * k;
+  block_topk(row, nullptr, b, e - b, k, cand_v + o, cand_i + o, sm);
+}
+
+// Stage 2: one block per row merges the P·k candidates and the P partial sums.
+__global__ void __launch_bounds__(kTopkThreads) topk_stage2_kernel(const float* cand_v, const int* cand_i, const float* pmax,
+                                                                    const float* psum, int P, int k, float* values,
+                                                                    int* ids, float* lse) {
+  __shared__ TopkSmem sm;
+  __shared__ double dscratch[32];
+  __shared__ float fscratch[32];
+  const int m = blockIdx.x;
+  float mx = -INFINITY;
+  for (int p = threadIdx.x; p < P; p += blockDim.x) mx = fmaxf(mx, pmax[int64_t(m) * P + p]);
+  mx = block_max(mx, fscratch);
+  double s = 0.0;
+  for (int p = threadIdx.x; p < P; p += blockDim.x)
+    s += double(psum[int64_t(m) * P + p]) * exp(double(pmax[int64_t(m) * P + p]) - double(mx));
+  s = block_sum(s, dscratch);
+  if (threadIdx.x == 0) lse[m] = float(double(mx) + log(s));
+  const int64_t o = int64_t(m) * P * k;
+  block_topk(cand_v + o, cand_i + o, 0, int64_t(P) * k, k, values + int64_t(m) * k, ids + int64_t(m) * k, sm);
 }
 
 // rescore: one warp per (row, candidate) dot product in f32; then per row a sort.
@@ -447,9 +482,19 @@ void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   float* l = static_cast<float*>(workspace(1 + 1, size_t(M * V) * sizeof(float)));
   if (!fused_logits(table, x, l, V)) gemm_fallback(table, x, l, V);
   if (M == 0) return;
-  topk_rows_kernel<<<unsigned(M), kTopkThreads, 0, current_stream()>>>(l, V, int(k), values.ptr<float>(),
-                                                                     ids.ptr<int>(), lse.ptr<float>());
-  QHEAD_CUDA_CHECK_LAUNCH("topk_rows_kernel");
+  // Two stages: slices of 4096 logits per block in parallel, then a merge.
+  const int P = int((V + kTopkSlice - 1) / kTopkSlice);
+  char* ws = static_cast<char*>(workspace(3, size_t(M) * P * (2 * size_t(k) + 2) * 4));
+  float* cv = reinterpret_cast<float*>(ws);
+  int* ci = reinterpret_cast<int*>(cv + M * P * k);
+  float* pm = reinterpret_cast<float*>(ci + M * P * k);
+  float* ps = pm + M * P;
+  cudaStream_t s = current_stream();
+  topk_stage1_kernel<<<dim3(unsigned(P), unsigned(M)), 512, 0, s>>>(l, V, int(k), P, cv, ci, pm, ps);
+  QHEAD_CUDA_CHECK_LAUNCH("topk_stage1_kernel");
+  topk_stage2_kernel<<<unsigned(M), 512, 0, s>>>(cv, ci, pm, ps, P, int(k), values.ptr<float>(), ids.ptr<int>(),
+                                                 lse.ptr<float>());
+  QHEAD_CUDA_CHECK_LAUNCH("topk_stage2_kernel");
 }
 
 void rescore(const Table& dense, const TensorView& x, const TensorView& candidates, const TensorView& values,

@@ -10,10 +10,10 @@ namespace qhead::blas {
 
 void logits_fallback(const Table& table, const TensorView& x, const TensorView& out) {
   const int64_t m = x.size(0), h = x.size(1), v = table.vocab();
+  if (m == 0 || v == 0) return;  // nothing to compute (and no empty buffers to copy through)
   const Tensor w = table.to_dense_f32();  // [V, H] f32: the full materialization
   std::vector<float> xf(static_cast<size_t>(m * h));
   convert(x.data, x.dtype, xf.data(), DType::kF32, m * h);
-  if (m == 0 || v == 0) return;
   // out[M, V] = x[M, H] · w[V, H]ᵀ
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(v),
               static_cast<int>(h), 1.0f, xf.data(), static_cast<int>(h), w.ptr<float>(),
