@@ -220,8 +220,13 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
   const int64_t llc = llc_bytes();
   std::vector<BenchRow> rows;
 
+  // The ceilings are measured before the first case and again after each
+  // one; the fractions use the largest value seen in the run (on a shared
+  // machine a single measurement may land in a busy moment and flatter every
+  // fraction).
   double ceil_us = 0.0;
-  const double bw = measure_read_gbps(threads, llc, &ceil_us);
+  double bw = measure_read_gbps(threads, llc, &ceil_us);
+  int n_ceiling = 1;
   {
     BenchRow r;
     r.path = "ceiling";
@@ -233,7 +238,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
              cpu_isa_name(active_cpu_isa());
     rows.push_back(r);
   }
-  const double fma_rate = measure_fma_rate(threads);
+  double fma_rate = measure_fma_rate(threads);
   if (fma_rate > 0) {
     BenchRow r;
     r.path = "compute_ceiling";
@@ -245,6 +250,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
     r.note = buf;
     rows.push_back(r);
   }
+  const size_t ceiling_row = 0, fma_row = fma_rate > 0 ? 1 : 0;
 
   for (const BenchCase& c : cfg.cases) {
     const QuantScheme scheme = QuantScheme::parse(c.scheme, DType::kBF16);
@@ -284,8 +290,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
         r.path = path;
         r.us_median = s * 1e6;
         r.gbps = static_cast<double>(bytes) / s / 1e9;
-        r.bw_fraction = r.gbps / bw;
-        if (fma_rate > 0) r.matrix_fraction = macs / s / fma_rate;
+        if (fma_rate > 0) r.matrix_fraction = macs / s;  // divided by the run's largest FMA rate at the end
         char u[64];
         std::snprintf(u, sizeof u, "; cpu %.2f of %d threads", util, threads);
         r.note = note + u;
@@ -332,6 +337,31 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
         rows.push_back(r);
       }
     }
+    // Measure the ceilings again (the case's tables are still allocated: the
+    // read buffer is separate, 4x the LLC).
+    double us = 0.0;
+    const double bw_now = measure_read_gbps(threads, llc, &us);
+    if (bw_now > bw) {
+      bw = bw_now;
+      ceil_us = us;
+    }
+    fma_rate = std::max(fma_rate, measure_fma_rate(threads));
+    ++n_ceiling;
+  }
+  // Final fractions against the largest ceilings of the run.
+  for (auto& r : rows) {
+    if (r.path == "ceiling" || r.path == "compute_ceiling") continue;
+    r.bw_fraction = r.gbps / bw;
+    if (r.matrix_fraction) r.matrix_fraction = *r.matrix_fraction / fma_rate;  // was multiply-adds per second
+  }
+  rows[ceiling_row].gbps = bw;
+  rows[ceiling_row].us_median = ceil_us;
+  rows[ceiling_row].note += "; the largest of " + std::to_string(n_ceiling) + " measurements in this run";
+  if (fma_row) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "f32 FMA rate %.1f G multiply-adds/s (%s, %d threads; the largest of %d measurements)",
+                  fma_rate / 1e9, cpu_isa_name(active_cpu_isa()), threads, n_ceiling);
+    rows[fma_row].note = buf;
   }
   return rows;
 }
