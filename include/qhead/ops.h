@@ -17,7 +17,9 @@ namespace qhead {
 
 // Which implementation runs. kAuto picks the fastest one available for the
 // table, device and shape; the others force a path (tests, benchmarks).
-enum class Backend { kAuto, kReference, kFallbackBlas };
+// kFused forces the fused kernel of the device even where kAuto would pick
+// another path (tests and benchmarks of the kernel itself).
+enum class Backend { kAuto, kReference, kFallbackBlas, kFused };
 
 // embed: out[n, :] = row(ids[n]) dequantized.
 //   ids: I32 or I64 [N], each in [0, V) — anything else throws, nothing is read.

@@ -245,14 +245,14 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
       }, std::min(reps, 10));
       add("fallback", fb_us, double(table_bytes), dense_us, "dequantize to f16 + cuBLAS");
       const double fused_us = median_us([&](int i) {
-        logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kAuto);
+        logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);
       }, reps);
-      add("fused", fused_us, double(table_bytes), dense_us, "");
+      add("fused", fused_us, double(table_bytes), dense_us, "the fused kernel itself (Backend::kFused)");
       const double topk_us = median_us([&](int i) {
         topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(), Backend::kAuto);
       }, reps);
       add("fused_topk", topk_us, double(table_bytes), dense_us,
-          "k = " + std::to_string(k) + "; fused logits + separate top-k kernel (epilogue not fused yet)");
+          "k = " + std::to_string(k) + "; kAuto logits (fused for M <= 64, else dequant + cuBLAS) + two-stage top-k; epilogue not fused yet");
     }
   }
   QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -133,6 +133,7 @@ __global__ void embed_kernel(TableArgs t, const IdT* __restrict__ ids, OutT* __r
 }
 
 // Full dequantization into a dense [V, H] table of OutT (the fallback path).
+// Generic: one thread per element (any bit width).
 template <class OutT>
 __global__ void dequant_kernel(TableArgs t, OutT* __restrict__ out) {
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -140,6 +141,38 @@ __global__ void dequant_kernel(TableArgs t, OutT* __restrict__ out) {
   const int64_t row = i / t.H;
   const int h = static_cast<int>(i % t.H);
   store_out(out, i, dequant_at(t.packed, t.scale, t.stype, t.zp, t.bits, row, h, t.words, t.group, t.groups));
+}
+
+// 4- and 8-bit: one thread per code word (8 or 4 values, one group), so the
+// packed table is read with coalesced 4-byte loads and the output written in
+// 16- or 8-byte stores.
+template <int BITS, class OutT>
+__global__ void dequant_words_kernel(TableArgs t, OutT* __restrict__ out) {
+  constexpr int PER = 32 / BITS;
+  const int64_t wi = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // word index
+  if (wi >= t.V * t.words) return;
+  const int64_t row = wi / t.words;
+  const int h0 = int(wi % t.words) * PER;
+  const int grp = h0 / t.group;
+  const uint32_t w = t.packed[wi];
+  const float s = load_scale(t.scale, t.stype, row * t.groups + grp);
+  const int z = t.zp ? zero_point(t.zp, t.groups, row, grp, BITS) : 0;
+  OutT v[PER];
+#pragma unroll
+  for (int e = 0; e < PER; ++e) {
+    const int q = int((w >> (e * BITS)) & ((1u << BITS) - 1u)) - (1 << (BITS - 1));
+    const float f = float(q - z) * s;
+    if constexpr (std::is_same_v<OutT, float>) v[e] = f;
+    else if constexpr (std::is_same_v<OutT, __half>) v[e] = __float2half_rn(f);
+    else v[e] = __float2bfloat16_rn(f);
+  }
+  OutT* o = out + row * t.H + h0;
+  if constexpr (sizeof(v) == 16) *reinterpret_cast<uint4*>(o) = *reinterpret_cast<const uint4*>(v);
+  else if constexpr (sizeof(v) == 8) *reinterpret_cast<uint2*>(o) = *reinterpret_cast<const uint2*>(v);
+  else {
+#pragma unroll
+    for (int e = 0; e < PER; ++e) o[e] = v[e];
+  }
 }
 
 // ---- top-k over materialized logits (block per row) ---------------------------------
@@ -383,6 +416,21 @@ const void* dense_operand(const Table& table, DType want, cudaStream_t s) {
   const int64_t n = t.V * t.H;
   void* w = workspace(1, size_t(n) * dtype_size(want));
   const int threads = 256;
+  // Word-parallel kernel when a word holds whole codes of one group (4/8-bit, group >= 32/bits).
+  const bool words_ok = (t.bits == 4 || t.bits == 8) && t.group % (32 / t.bits) == 0;
+  const int64_t nw = t.V * t.words;
+  if (words_ok) {
+    auto go = [&](auto* o) {
+      using OutT = std::remove_pointer_t<decltype(o)>;
+      if (t.bits == 4) dequant_words_kernel<4, OutT><<<blocks_for(nw, threads), threads, 0, s>>>(t, o);
+      else dequant_words_kernel<8, OutT><<<blocks_for(nw, threads), threads, 0, s>>>(t, o);
+    };
+    if (want == DType::kF16) go(static_cast<__half*>(w));
+    else if (want == DType::kBF16) go(static_cast<__nv_bfloat16*>(w));
+    else go(static_cast<float*>(w));
+    QHEAD_CUDA_CHECK_LAUNCH("dequant_words_kernel");
+    return w;
+  }
   if (want == DType::kF16)
     dequant_kernel<__half><<<blocks_for(n, threads), threads, 0, s>>>(t, static_cast<__half*>(w));
   else if (want == DType::kBF16)
@@ -467,20 +515,33 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out) {
   if (flag) fail("embed", "an id is out of range for a vocab of " + std::to_string(table.vocab()) + " (ids on the GPU)");
 }
 
-void logits(const Table& table, const TensorView& x, const TensorView& out, bool fused) {
+// Above this many activation rows the tensor-core path of logits.cuh is
+// slower than dequantize + cuBLAS on the H200 (151936x1024 w4g64, M = 256:
+// 820 us fused vs ~250 us); until the GEMM path is rewritten, larger batches
+// take the fallback. See docs/performance.md.
+constexpr int64_t kFusedMaxM = 64;
+
+// Whether `backend` wants the fused kernel for M activation rows.
+bool want_fused(Backend backend, int64_t M) {
+  if (backend == Backend::kFallbackBlas) return false;
+  return backend == Backend::kFused || M <= kFusedMaxM;
+}
+
+void logits(const Table& table, const TensorView& x, const TensorView& out, Backend backend) {
   check_act(x, "logits");
-  if (fused && fused_logits(table, x, out.ptr<float>(), table.vocab())) return;
+  if (want_fused(backend, x.size(0)) && fused_logits(table, x, out.ptr<float>(), table.vocab())) return;
   gemm_fallback(table, x, out.ptr<float>(), table.vocab());
 }
 
 void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
-          const TensorView& lse, bool fused) {
-  (void)fused;  // the fused epilogue is not written yet: logits into a workspace, then the top-k kernel
+          const TensorView& lse, Backend backend) {
+  // The top-k epilogue is not fused into the logits kernel yet: logits into a
+  // workspace, then the two-stage top-k.
   check_act(x, "topk");
   if (k > kMaxK) fail("topk", "CUDA top-k takes k <= " + std::to_string(kMaxK) + ", got " + std::to_string(k));
   const int64_t M = x.size(0), V = table.vocab();
   float* l = static_cast<float*>(workspace(1 + 1, size_t(M * V) * sizeof(float)));
-  if (!fused_logits(table, x, l, V)) gemm_fallback(table, x, l, V);
+  if (!want_fused(backend, M) || !fused_logits(table, x, l, V)) gemm_fallback(table, x, l, V);
   if (M == 0) return;
   // Two stages: slices of 4096 logits per block in parallel, then a merge.
   const int P = int((V + kTopkSlice - 1) / kTopkSlice);

@@ -26,8 +26,8 @@ size_t allocation_count() { return 0; }
 
 namespace cuda_ops {
 void embed(const Table&, const TensorView&, const TensorView&) { no_cuda("embed"); }
-void logits(const Table&, const TensorView&, const TensorView&, bool) { no_cuda("logits"); }
-void topk(const Table&, const TensorView&, int64_t, const TensorView&, const TensorView&, const TensorView&, bool) {
+void logits(const Table&, const TensorView&, const TensorView&, Backend) { no_cuda("logits"); }
+void topk(const Table&, const TensorView&, int64_t, const TensorView&, const TensorView&, const TensorView&, Backend) {
   no_cuda("topk");
 }
 void rescore(const Table&, const TensorView&, const TensorView&, const TensorView&, const TensorView&) {

@@ -86,6 +86,7 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out, Bac
   if (table.device() == Device::kCUDA) return cuda_ops::embed(table, ids, out);
   switch (backend) {
     case Backend::kAuto:
+    case Backend::kFused:
       if (cpu::embed(table, ids, out)) return;
       [[fallthrough]];
     case Backend::kReference:
@@ -107,12 +108,13 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
   check_table(table, op);
   check_x(table, x, op);
   check_out(out, DType::kF32, {x.size(0), table.vocab()}, op, "out");
-  if (table.device() == Device::kCUDA) return cuda_ops::logits(table, x, out, backend != Backend::kFallbackBlas);
+  if (table.device() == Device::kCUDA) return cuda_ops::logits(table, x, out, backend);
   switch (backend) {
     case Backend::kFallbackBlas:
       blas::logits_fallback(table, x, out);
       return;
     case Backend::kAuto:
+    case Backend::kFused:
       if (cpu::logits(table, x, out)) return;
       [[fallthrough]];
     case Backend::kReference:
@@ -144,9 +146,10 @@ void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   check_out(ids, DType::kI32, {m, k}, op, "ids");
   check_out(lse, DType::kF32, {m}, op, "logsumexp");
   if (table.device() == Device::kCUDA)
-    return cuda_ops::topk(table, x, k, values, ids, lse, backend == Backend::kAuto);
+    return cuda_ops::topk(table, x, k, values, ids, lse, backend);
   switch (backend) {
     case Backend::kAuto:
+    case Backend::kFused:
       if (cpu::topk(table, x, k, values, ids, lse)) return;
       [[fallthrough]];
     case Backend::kReference:

@@ -8,12 +8,12 @@
 namespace qhead::cuda_ops {
 
 void embed(const Table& table, const TensorView& ids, const TensorView& out);
-// fused = false forces the dequant + cuBLAS fallback.
-void logits(const Table& table, const TensorView& x, const TensorView& out, bool fused);
-// fused = false: fused logits into a workspace, then the separate top-k kernel
-// (the baseline the fused epilogue is measured against).
+// kFallbackBlas: dequant + cuBLAS; kFused: the fused kernel at any M (where a
+// fused kernel exists for the scheme); kAuto/kReference: the faster of the two.
+void logits(const Table& table, const TensorView& x, const TensorView& out, Backend backend);
+// Logits (as above) into a workspace, then the two-stage top-k kernels.
 void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
-          const TensorView& lse, bool fused);
+          const TensorView& lse, Backend backend);
 void rescore(const Table& dense, const TensorView& x, const TensorView& candidates, const TensorView& values,
              const TensorView& ids);
 
