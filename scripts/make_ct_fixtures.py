@@ -19,9 +19,10 @@ qhead (1) reads the packed tensors to the same values (exactly, once rounded to
 the scale dtype, which is the dtype compressed-tensors dequantizes in), and
 (2) quantizes dense.weight to byte-identical packed/scale/zero-point tensors.
 
-`--verify FILE PREFIX BITS GROUP SYM` goes the other way: it decompresses a
-file written by `qhead quantize` with compressed-tensors and compares to the
-`dense.weight`-free dequantization qhead stores in `qhead.dequantized` (f32).
+`--verify QHEAD_FILE PREFIX FIXTURE` goes the other way: it decompresses the
+packed tensors `qhead quantize` wrote (PREFIX.weight_*) with compressed-tensors
+and compares them, and the decompressed weight, with what compressed-tensors
+itself makes from the fixture's dense.weight.
 
 Made with: python 3.11, torch 2.15.0 (CPU), compressed-tensors 0.20.0,
 safetensors 0.8.0 (pip install torch compressed-tensors==0.20.0 safetensors).
@@ -32,6 +33,7 @@ import os
 import sys
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import compressed_tensors
@@ -100,28 +102,37 @@ def make_case(out_dir, name, prefix, bits, group, sym, dt, v, h, seed):
     print(f"{name}: " + ", ".join(f"{k} {tuple(t.shape)} {t.dtype}" for k, t in tensors.items()))
 
 
-def verify(path, prefix, bits, group, sym):
-    """Decompress a qhead-written file with compressed-tensors; compare with qhead's dequantization."""
+def verify(path, prefix, fixture):
+    """compressed-tensors reads a qhead-written file to the values it makes itself."""
+    meta = safe_open(fixture, "pt").metadata()
+    bits, group, sym = int(meta["num_bits"]), int(meta["group_size"]), meta["symmetric"] == "true"
     args = make_args(bits, None if group < 0 else group, sym)
     scheme = QuantizationScheme(targets=["Linear"], weights=args)
-    t = load_file(path)
-    state = {k.split(".")[-1]: v for k, v in t.items() if k.startswith(prefix + ".weight_")}
-    back = PackedQuantizationCompressor.decompress(state, scheme)["weight"]
-    ours = t["qhead.dequantized"].to(back.dtype)  # qhead's f32 values rounded as c-t rounds them
-    same = torch.equal(back, ours)
-    print(f"verify {path}: compressed-tensors decompress {'==' if same else '!='} qhead dequantization "
-          f"(max |diff| {(back.float() - ours.float()).abs().max().item():.3g})")
-    return same
+    ours = {k.split(".")[-1]: v for k, v in load_file(path).items() if k.startswith(prefix + ".weight_")}
+    w = load_file(fixture)["dense.weight"]
+    mn, mx = observe(w, args)
+    scale, zp = calculate_qparams(mn, mx, args)
+    theirs = PackedQuantizationCompressor.compress({"weight": w, "weight_scale": scale.to(w.dtype), "weight_zero_point": zp}, scheme)
+    ok = True
+    for k in ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape"):
+        if (k in ours) != (k in theirs) or (k in ours and not torch.equal(ours[k], theirs[k])):
+            print(f"  {k}: differs")
+            ok = False
+    a = PackedQuantizationCompressor.decompress(dict(ours), scheme)["weight"]
+    b = PackedQuantizationCompressor.decompress(dict(theirs), scheme)["weight"]
+    ok = ok and torch.equal(a, b)
+    print(f"verify {path} against {os.path.basename(fixture)}: {'identical tensors and decompressed values' if ok else 'DIFFERENT'}")
+    return ok
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "ct"))
-    ap.add_argument("--verify", nargs=5, metavar=("FILE", "PREFIX", "BITS", "GROUP", "SYM"))
+    ap.add_argument("--verify", nargs=3, metavar=("QHEAD_FILE", "PREFIX", "FIXTURE"))
     a = ap.parse_args()
     if a.verify:
-        f, p, b, g, s = a.verify
-        sys.exit(0 if verify(f, p, int(b), int(g), s.lower() in ("1", "true", "yes")) else 1)
+        f, p, fx = a.verify
+        sys.exit(0 if verify(f, p, fx) else 1)
     os.makedirs(a.out, exist_ok=True)
     for i, case in enumerate(CASES):
         make_case(a.out, *case, seed=1000 + i)
