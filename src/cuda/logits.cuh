@@ -460,13 +460,25 @@ void launch_logits_l(const LogitsArgs& a, cudaStream_t s) {
       static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, a.H);
   QHEAD_CUDA_CHECK_LAUNCH("permute_x_kernel");
   const bool asym = a.zp != nullptr;
-  // M <= 8: two row tiles per warp for 4-bit (measured 44 vs 58 us on 151936x1024 w4g64),
-  // one for 8-bit (61 vs 70 us on w8g128): the 8-bit ring of two tiles costs occupancy.
-  if (a.M <= 8 && BITS == 8) asym ? launch_logits_cfg<BITS, T, L, 1, 1, 4, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 1, 4, false>(a, s);
-  else if (a.M <= 8) asym ? launch_logits_cfg<BITS, T, L, 2, 1, 4, true, 4>(a, s) : launch_logits_cfg<BITS, T, L, 2, 1, 4, false, 4>(a, s);
-  else if (a.M <= 16) asym ? launch_logits_cfg<BITS, T, L, 1, 2, 4, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 2, 4, false>(a, s);
-  else if (a.M <= 32) asym ? launch_logits_cfg<BITS, T, L, 1, 4, 4, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 4, 4, false>(a, s);
-  else asym ? launch_logits_cfg<BITS, T, L, 1, 8, 2, true>(a, s) : launch_logits_cfg<BITS, T, L, 1, 8, 2, false>(a, s);
+#define QHEAD_LAUNCH(RT, NT, D, W) \
+  (asym ? launch_logits_cfg<BITS, T, L, RT, NT, D, true, W>(a, s) : launch_logits_cfg<BITS, T, L, RT, NT, D, false, W>(a, s))
+  // Configurations by measurement on the H200 (docs/performance.md):
+  //   4-bit, 16-byte pieces (group >= 128, per row): two row tiles x two activation
+  //     tiles, 4 warps, up to M = 16 (faster than the one-tile config even at M = 1);
+  //   4-bit, smaller pieces: two row tiles up to M = 8, then one;
+  //   8-bit: one row tile (the two-tile ring costs occupancy: 61 vs 70 us at M = 1).
+  if constexpr (BITS == 4 && L == 16) {
+    if (a.M <= 16) return void(QHEAD_LAUNCH(2, 2, 4, 4));
+  } else if constexpr (BITS == 4) {
+    if (a.M <= 8) return void(QHEAD_LAUNCH(2, 1, 4, 4));
+    if (a.M <= 16) return void(QHEAD_LAUNCH(1, 2, 4, 8));
+  } else {
+    if (a.M <= 8) return void(QHEAD_LAUNCH(1, 1, 4, 8));
+    if (a.M <= 16) return void(QHEAD_LAUNCH(1, 2, 4, 8));
+  }
+  if (a.M <= 32) QHEAD_LAUNCH(1, 4, 4, 8);
+  else QHEAD_LAUNCH(1, 8, 2, 8);
+#undef QHEAD_LAUNCH
 }
 
 // The launcher one .cu instantiates per (BITS, T). Returns false when the
