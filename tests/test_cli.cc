@@ -159,5 +159,19 @@ TEST_F(Cli, InspectRejectsInconsistentPackedTensors) {
   expect_one_line_error(run("inspect " + path("nan.safetensors")), "weight_scale[0, 0]");
 }
 
+// The README's main job end to end (151936 x 1024 table, ~6 s in Release):
+// every check of `qhead demo` passes. Skipped in unoptimized/sanitizer builds.
+TEST_F(Cli, MainJobDemoPasses) {
+#ifdef QHEAD_SLOW_BUILD
+  GTEST_SKIP() << "full-size demo runs in the Release build only";
+#endif
+  const CliRun r = run("demo --json --workdir " + path("demo"));
+  ASSERT_EQ(r.status, 0) << r.err << r.out.substr(0, 2000);
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_TRUE(j["pass"].get<bool>());
+  EXPECT_GE(j["checks"].size(), 9u);
+  for (const auto& c : j["checks"]) EXPECT_TRUE(c["pass"].get<bool>()) << c["name"] << ": " << c["detail"];
+}
+
 }  // namespace
 }  // namespace qhead
