@@ -1,11 +1,16 @@
 // qhead inspect FILE: validate a safetensors file and show its tensors, the
 // packed tables it holds (scheme, bytes, compression ratio).
+// qhead inspect DIR: a Hugging Face model directory's embedding and head
+// (qhead/model.h): architecture, vocab x hidden, tie, storage, bytes now and
+// under --scheme.
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "commands.h"
+#include "qhead/model.h"
 #include "qhead/safetensors.h"
 #include "qhead/table.h"
 
@@ -29,9 +34,74 @@ bool ends_with(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
 
+// Bytes a [V, H] table takes packed under `s` (codes, scales, zero points, shape).
+size_t packed_bytes(int64_t v, int64_t h, const QuantScheme& s) {
+  size_t b = size_t(v) * size_t(s.packed_cols(h)) * 4 + size_t(v) * size_t(s.groups(h)) * dtype_size(s.scale_dtype) + 16;
+  if (!s.symmetric) b += size_t((v * s.bits + 31) / 32) * size_t(s.groups(h)) * 4;
+  return b;
+}
+
+// qhead inspect MODEL_DIR: the two roles of a Hugging Face model directory.
+int inspect_model_dir(const InspectArgs& a) {
+  const ModelInfo m = inspect_model(a.file, {a.embedding_tensor, a.head_tensor});
+  const QuantScheme target = QuantScheme::parse(a.scheme);
+  // The table under `target`, with the scale dtype each role has now (RTN keeps it).
+  auto after = [&](const ModelInfo::Role& r) {
+    QuantScheme s = target;
+    s.scale_dtype = is_float_dtype(r.dtype) ? r.dtype : DType::kF16;
+    s.check_hidden(m.hidden, "inspect", r.tensor);
+    return packed_bytes(m.vocab, m.hidden, s);
+  };
+  const size_t now = m.table_bytes();
+  const size_t later = after(m.embedding) + (m.tied ? 0 : after(m.head));
+  auto storage = [](const ModelInfo::Role& r) {
+    if (!r.packed) return fmt::format("dense {}", dtype_name(r.dtype));
+    return fmt::format("packed {} (scales {})", r.scheme->name(), dtype_name(r.dtype));
+  };
+  if (a.json) {
+    nlohmann::json j;
+    j["dir"] = m.dir;
+    j["architecture"] = m.architecture;
+    j["model_type"] = m.model_type;
+    j["vocab"] = m.vocab;
+    j["hidden"] = m.hidden;
+    j["tied"] = m.tied;
+    j["compressed_tensors"] = m.compressed_tensors;
+    for (const auto* r : {&m.embedding, &m.head}) {
+      nlohmann::json rj = {{"tensor", r->tensor}, {"file", r->file}, {"stored", r->stored}, {"packed", r->packed},
+                           {"dtype", dtype_name(r->dtype)}, {"bytes", r->bytes}};
+      if (r->scheme) {
+        rj["scheme"] = r->scheme->name();
+        rj["bits"] = r->scheme->bits;
+        rj["group_size"] = r->scheme->group_size;
+        rj["symmetric"] = r->scheme->symmetric;
+      } else {
+        rj["scheme"] = nullptr;
+      }
+      j[r == &m.embedding ? "embedding" : "head"] = rj;
+    }
+    j["table_bytes"] = now;
+    j["target_scheme"] = target.name();
+    j["table_bytes_after"] = later;
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  fmt::print("{}: {} (model_type {}), vocab {} x hidden {}, {}\n", m.dir, m.architecture, m.model_type, m.vocab,
+             m.hidden, m.tied ? "tied (one table serves both roles)" : "untied");
+  fmt::print("  embedding  {:<40} {:<32} {}\n", m.embedding.tensor, storage(m.embedding), human_bytes(double(m.embedding.bytes)));
+  if (m.tied && !m.head.stored)
+    fmt::print("  head       (tied: shares {})\n", m.embedding.tensor);
+  else
+    fmt::print("  head       {:<40} {:<32} {}{}\n", m.head.tensor, storage(m.head), human_bytes(double(m.head.bytes)),
+               m.tied ? " (identical copy, loaded once)" : "");
+  fmt::print("  token table now: {}; under {}: {}\n", human_bytes(double(now)), target.name(), human_bytes(double(later)));
+  return 0;
+}
+
 }  // namespace
 
 int run_inspect(const InspectArgs& a) {
+  if (std::filesystem::is_directory(a.file)) return inspect_model_dir(a);
   const SafetensorsFile f = SafetensorsFile::open(a.file);
 
   // Packed tables: every "<prefix>.weight_packed", loaded (and so validated:

@@ -11,8 +11,13 @@
 namespace qhead::cli {
 
 struct InspectArgs {
-  std::string file;
+  std::string file;  // a safetensors file, or a model directory
   bool json = false;
+  // Model directories only: the scheme to size the table under, and explicit
+  // role tensor names for architectures qhead does not know.
+  std::string scheme = "w4g64";
+  std::string embedding_tensor = "";
+  std::string head_tensor = "";
 };
 int run_inspect(const InspectArgs& a);
 

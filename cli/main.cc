@@ -13,9 +13,14 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   InspectArgs ia;
-  auto* inspect = app.add_subcommand("inspect", "Validate a safetensors file and list its tensors and packed tables");
-  inspect->add_option("file", ia.file, "safetensors file")->required();
+  auto* inspect = app.add_subcommand(
+      "inspect", "Validate a safetensors file and list its tensors and packed tables, or show a model directory's "
+                 "embedding and head (architecture, tie, storage, bytes now and under --scheme)");
+  inspect->add_option("file", ia.file, "safetensors file or Hugging Face model directory")->required();
   inspect->add_flag("--json", ia.json, "machine-readable output");
+  inspect->add_option("--scheme", ia.scheme, "model directory: scheme to size the table under (default w4g64)");
+  inspect->add_option("--embedding-tensor", ia.embedding_tensor, "model directory: embedding weight name (override)");
+  inspect->add_option("--head-tensor", ia.head_tensor, "model directory: head weight name (override)");
 
   QuantizeArgs qa;
   auto* quantize = app.add_subcommand(

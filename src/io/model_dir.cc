@@ -1,0 +1,518 @@
+// Hugging Face model directories: config.json + safetensors (single or
+// sharded), the two roles of the token table, tie, and compressed-tensors
+// quantization_config. See include/qhead/model.h for the rules.
+#include "qhead/model.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <vector>
+
+#include "qhead/error.h"
+#include "qhead/safetensors.h"
+#include "qhead/table.h"
+
+namespace qhead {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+[[noreturn]] void invalid(const std::string& where, const std::string& what) {
+  throw Error(ErrorCode::kInvalidFile, where, what);
+}
+[[noreturn]] void unsupported(const std::string& where, const std::string& what) {
+  throw Error(ErrorCode::kUnsupported, where, what);
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) throw Error(ErrorCode::kInvalidFile, p.string(), "cannot open (a model directory needs it)");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) invalid(p.string(), "is not valid JSON");
+  if (!j.is_object()) invalid(p.string(), "is not a JSON object");
+  return j;
+}
+
+// ---- the tensors of a directory (one file or shards) -------------------------
+
+struct Files {
+  std::vector<SafetensorsFile> files;
+  std::map<std::string, size_t> where;  // tensor name -> index into files
+
+  bool contains(const std::string& n) const { return where.count(n) != 0; }
+  const SafetensorsFile& file_of(const std::string& n) const { return files[where.at(n)]; }
+  Tensor get(const std::string& n) const { return file_of(n).get(n); }
+};
+
+Files open_files(const fs::path& dir) {
+  Files f;
+  const fs::path single = dir / "model.safetensors";
+  const fs::path index = dir / "model.safetensors.index.json";
+  if (fs::exists(index)) {
+    const json j = read_json(index);
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      invalid(index.string(), "has no object \"weight_map\"");
+    std::map<std::string, size_t> shard_ix;
+    for (const auto& [tensor, shard] : j["weight_map"].items()) {
+      if (!shard.is_string()) invalid(index.string(), "weight_map[\"" + tensor + "\"] is not a file name");
+      const std::string s = shard.get<std::string>();
+      if (s.empty() || s.find('/') != std::string::npos || s == "." || s == "..")
+        invalid(index.string(), "weight_map[\"" + tensor + "\"] names \"" + s + "\", not a file in the directory");
+      auto it = shard_ix.find(s);
+      if (it == shard_ix.end()) {
+        const fs::path sp = dir / s;
+        if (!fs::exists(sp))
+          invalid(index.string(), "shard " + s + " (holding " + tensor + ") is missing from " + dir.string());
+        it = shard_ix.emplace(s, f.files.size()).first;
+        f.files.push_back(SafetensorsFile::open(sp.string()));
+      }
+      const SafetensorsFile& sf = f.files[it->second];
+      if (!sf.contains(tensor))
+        invalid(index.string(), "names tensor " + tensor + " in shard " + s + ", but " + sf.path() + " does not hold it");
+      f.where[tensor] = it->second;
+    }
+    // Tensors a shard holds beyond the index are still usable.
+    for (size_t i = 0; i < f.files.size(); ++i)
+      for (const auto& n : f.files[i].names()) f.where.emplace(n, i);
+  } else if (fs::exists(single)) {
+    f.files.push_back(SafetensorsFile::open(single.string()));
+    for (const auto& n : f.files[0].names()) f.where[n] = 0;
+  } else {
+    invalid(dir.string(), "has neither model.safetensors nor model.safetensors.index.json");
+  }
+  return f;
+}
+
+// ---- architectures -------------------------------------------------------------
+
+struct Family {
+  const char* name;
+  std::vector<std::string> model_types;
+  std::vector<std::string> embedding;  // candidate weight names, first present wins
+  std::vector<std::string> head;
+  bool tied_default;
+};
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> f = {
+      {"llama", {"llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "phi3", "phi", "smollm3"},
+       {"model.embed_tokens.weight"}, {"lm_head.weight"}, false},
+      {"gemma", {"gemma", "gemma2", "gemma3", "gemma3_text"},
+       {"model.embed_tokens.weight", "model.language_model.embed_tokens.weight"}, {"lm_head.weight"}, true},
+      {"gpt2", {"gpt2"}, {"transformer.wte.weight", "wte.weight"}, {"lm_head.weight"}, true},
+      {"gpt_neox", {"gpt_neox"}, {"gpt_neox.embed_in.weight"}, {"embed_out.weight"}, false},
+      {"opt", {"opt"}, {"model.decoder.embed_tokens.weight", "decoder.embed_tokens.weight"}, {"lm_head.weight"}, true},
+  };
+  return f;
+}
+
+// Architecture class names (config `architectures`) for configs without model_type.
+const Family* family_of(const std::string& model_type, const std::string& arch) {
+  for (const auto& f : families())
+    for (const auto& t : f.model_types)
+      if (t == model_type) return &f;
+  static const std::vector<std::pair<std::string, std::string>> by_arch = {
+      {"Llama", "llama"}, {"Mistral", "llama"}, {"Mixtral", "llama"}, {"Qwen2", "llama"}, {"Qwen3", "llama"},
+      {"Phi", "llama"},   {"Gemma", "gemma"},   {"GPT2", "gpt2"},     {"GPTNeoX", "gpt_neox"}, {"OPT", "opt"}};
+  for (const auto& [prefix, fam] : by_arch)
+    if (arch.rfind(prefix, 0) == 0)
+      for (const auto& f : families())
+        if (fam == f.name) return &f;
+  return nullptr;
+}
+
+std::string supported_architectures() {
+  std::string s;
+  for (const auto& f : families())
+    for (const auto& t : f.model_types) s += (s.empty() ? "" : ", ") + t;
+  return s;
+}
+
+// ---- compressed-tensors matching --------------------------------------------
+
+std::string module_of(const std::string& weight) { return packed_prefix(weight); }
+
+bool is_regex(const std::string& t) { return t.rfind("re:", 0) == 0; }
+
+// Python re.match: anchored at the start, not the end.
+bool regex_match_start(const std::string& pattern, const std::string& name, const std::string& where) {
+  try {
+    const std::regex re(pattern, std::regex::ECMAScript);
+    return std::regex_search(name, re, std::regex_constants::match_continuous);
+  } catch (const std::regex_error& e) {
+    unsupported(where, "regex \"" + pattern + "\" is not understood (" + e.what() + ")");
+  }
+}
+
+bool name_matches(const std::string& target, const std::string& name, const std::string& where) {
+  return is_regex(target) ? regex_match_start(target.substr(3), name, where) : target == name;
+}
+
+bool class_matches(const std::string& target, const std::string& cls) {
+  return target == cls || target == "Module";
+}
+
+struct CtGroup {
+  std::string name;
+  json scheme;
+};
+
+// The group (if any) that quantizes `module` of class `cls`, as
+// compressed-tensors' apply_quantization_config picks it.
+std::optional<CtGroup> match_group(const json& qc, const std::string& module, const std::string& cls,
+                                   const std::string& where) {
+  if (qc.contains("ignore") && qc["ignore"].is_array()) {
+    for (const auto& ig : qc["ignore"]) {
+      if (!ig.is_string()) continue;
+      const std::string t = ig.get<std::string>();
+      if (name_matches(t, module, where) || class_matches(t, cls)) return std::nullopt;
+    }
+  }
+  if (!qc.contains("config_groups") || !qc["config_groups"].is_object()) return std::nullopt;
+  // target -> group; a later group naming the same target wins (an OrderedDict update).
+  std::vector<std::string> order;
+  std::map<std::string, std::string> target_group;
+  for (const auto& [g, s] : qc["config_groups"].items()) {
+    if (!s.is_object()) invalid(where, "quantization_config.config_groups." + g + " is not an object");
+    if (!s.contains("targets") || !s["targets"].is_array())
+      invalid(where, "quantization_config.config_groups." + g + ".targets is missing or not a list");
+    for (const auto& t : s["targets"]) {
+      if (!t.is_string()) invalid(where, "quantization_config.config_groups." + g + ".targets holds a non-string");
+      const std::string ts = t.get<std::string>();
+      if (!target_group.count(ts)) order.push_back(ts);
+      target_group[ts] = g;
+    }
+  }
+  std::vector<std::string> sorted = order;
+  std::sort(sorted.begin(), sorted.end(), [](const std::string& a, const std::string& b) {
+    const bool ra = a.find("re:") != std::string::npos, rb = b.find("re:") != std::string::npos;
+    return ra != rb ? !ra : a < b;
+  });
+  std::optional<std::string> hit;
+  for (const auto& t : sorted)
+    if (name_matches(t, module, where)) { hit = t; break; }
+  if (!hit)
+    for (const auto& t : sorted)
+      if (class_matches(t, cls)) { hit = t; break; }
+  if (!hit) return std::nullopt;
+  const std::string g = target_group.at(*hit);
+  return CtGroup{g, qc["config_groups"][g]};
+}
+
+// The QuantScheme a matched group gives `tensor` (scale dtype filled in later).
+std::optional<QuantScheme> scheme_of(const json& qc, const CtGroup& grp, const std::string& tensor,
+                                     const std::string& where) {
+  const std::string key = "quantization_config.config_groups." + grp.name;
+  std::string format = qc.value("format", std::string("pack-quantized"));
+  if (grp.scheme.contains("format") && grp.scheme["format"].is_string()) format = grp.scheme["format"].get<std::string>();
+  const json w = grp.scheme.contains("weights") ? grp.scheme["weights"] : json();
+  if (w.is_null()) return std::nullopt;  // activation-only group: weights stay dense
+  if (!w.is_object()) invalid(where, key + ".weights is not an object");
+  const std::string supported =
+      "qhead reads compressed-tensors format pack-quantized with weights type int, num_bits 2..8, "
+      "strategy group or channel, no actorder";
+  if (format != "pack-quantized")
+    unsupported(where, tensor + " is quantized by " + key + " in format \"" + format + "\"; " + supported);
+  const std::string type = w.value("type", std::string("int"));
+  if (type != "int") unsupported(where, tensor + ": " + key + ".weights.type is \"" + type + "\"; " + supported);
+  if (!w.contains("num_bits") || !w["num_bits"].is_number_integer())
+    invalid(where, key + ".weights.num_bits is missing or not an integer");
+  const int bits = w["num_bits"].get<int>();
+  if (bits < 2 || bits > 8)
+    unsupported(where, tensor + ": " + key + ".weights.num_bits is " + std::to_string(bits) + "; " + supported);
+  if (w.contains("actorder") && !w["actorder"].is_null() && w["actorder"] != false)
+    unsupported(where, tensor + ": " + key + ".weights.actorder is " + w["actorder"].dump() + "; " + supported);
+  if (w.value("dynamic", json(false)) != json(false))
+    unsupported(where, tensor + ": " + key + ".weights.dynamic is " + w["dynamic"].dump() + "; " + supported);
+  const std::string strategy = w.value("strategy", std::string("tensor"));
+  QuantScheme s;
+  s.bits = bits;
+  s.symmetric = w.value("symmetric", true);
+  if (strategy == "group") {
+    if (!w.contains("group_size") || !w["group_size"].is_number_integer() || w["group_size"].get<int>() <= 0)
+      invalid(where, key + ".weights.group_size must be a positive integer for strategy group");
+    s.group_size = w["group_size"].get<int>();
+  } else if (strategy == "channel") {
+    s.group_size = -1;
+  } else {
+    unsupported(where, tensor + ": " + key + ".weights.strategy is \"" + strategy + "\"; " + supported);
+  }
+  return s;
+}
+
+// ---- role resolution -----------------------------------------------------------
+
+struct Resolved {
+  ModelInfo info;
+  Files files;
+};
+
+bool has_weight(const Files& f, const std::string& weight) {
+  return f.contains(weight) || f.contains(module_of(weight) + ".weight_packed");
+}
+
+const char* kPackedParts[] = {".weight_packed", ".weight_scale", ".weight_zero_point", ".weight_shape"};
+
+size_t stored_bytes(const Files& f, const std::string& weight, bool packed) {
+  if (!packed) return f.get(weight).nbytes();
+  size_t b = 0;
+  for (const char* k : kPackedParts)
+    if (f.contains(module_of(weight) + k)) b += f.get(module_of(weight) + k).nbytes();
+  return b;
+}
+
+bool same_tensor_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// True when the two roles' stored tensors are byte-identical (dense or packed alike).
+bool same_stored(const Files& f, const ModelInfo::Role& a, const ModelInfo::Role& b) {
+  if (a.packed != b.packed) return false;
+  if (!a.packed) return same_tensor_bytes(f.get(a.tensor), f.get(b.tensor));
+  for (const char* k : kPackedParts) {
+    const std::string na = module_of(a.tensor) + k, nb = module_of(b.tensor) + k;
+    if (f.contains(na) != f.contains(nb)) return false;
+    if (f.contains(na) && !same_tensor_bytes(f.get(na), f.get(nb))) return false;
+  }
+  return true;
+}
+
+// {rows, cols} of a stored role (weight_shape when packed).
+std::pair<int64_t, int64_t> stored_shape(const Files& f, const ModelInfo::Role& r) {
+  if (!r.packed) {
+    const Tensor t = f.get(r.tensor);
+    if (t.shape().size() != 2)
+      invalid(r.file, r.tensor + " has shape " + shape_str(t.shape()) + ", expected [vocab, hidden]");
+    return {t.size(0), t.size(1)};
+  }
+  const std::string sn = module_of(r.tensor) + ".weight_shape";
+  if (!f.contains(sn)) invalid(r.file, "packed " + module_of(r.tensor) + " has no " + sn);
+  const Tensor s = f.get(sn);
+  if (s.numel() != 2 || (s.dtype() != DType::kI64 && s.dtype() != DType::kI32))
+    invalid(f.file_of(sn).path(), sn + " is " + dtype_name(s.dtype()) + " " + shape_str(s.shape()) + ", expected I64 [2]");
+  if (s.dtype() == DType::kI64) return {s.ptr<int64_t>()[0], s.ptr<int64_t>()[1]};
+  return {s.ptr<int32_t>()[0], s.ptr<int32_t>()[1]};
+}
+
+std::optional<int64_t> int_key(const json& cfg, std::initializer_list<const char*> keys, std::string* which) {
+  for (const char* k : keys) {
+    if (cfg.contains(k) && cfg[k].is_number_integer()) {
+      *which = k;
+      return cfg[k].get<int64_t>();
+    }
+  }
+  return std::nullopt;
+}
+
+Resolved resolve(const std::string& dir_s, const ModelOverrides& ov) {
+  const fs::path dir(dir_s);
+  if (!fs::is_directory(dir)) throw Error(ErrorCode::kIo, dir_s, "is not a directory");
+  const fs::path cfg_path = dir / "config.json";
+  if (!fs::exists(cfg_path)) invalid(cfg_path.string(), "is missing (a model directory needs config.json)");
+  const std::string cfgw = cfg_path.string();
+  const json cfg_top = read_json(cfg_path);
+
+  Resolved r{ModelInfo{}, open_files(dir)};
+  ModelInfo& info = r.info;
+  const Files& files = r.files;
+  info.dir = dir_s;
+  info.model_type = cfg_top.value("model_type", json("")).is_string() ? cfg_top.value("model_type", std::string()) : "";
+  if (cfg_top.contains("architectures") && cfg_top["architectures"].is_array() && !cfg_top["architectures"].empty() &&
+      cfg_top["architectures"][0].is_string())
+    info.architecture = cfg_top["architectures"][0].get<std::string>();
+  else
+    info.architecture = info.model_type;
+  // Multimodal wrappers (Gemma 3) keep the text model's sizes in text_config.
+  const json& cfg = (!cfg_top.contains("vocab_size") && cfg_top.contains("text_config") && cfg_top["text_config"].is_object())
+                        ? cfg_top["text_config"] : cfg_top;
+
+  const Family* fam = family_of(info.model_type, info.architecture);
+  auto pick = [&](const std::vector<std::string>& cands) -> std::string {
+    for (const auto& c : cands)
+      if (has_weight(files, c)) return c;
+    return cands.front();
+  };
+  std::string emb_name = ov.embedding_tensor, head_name = ov.head_tensor;
+  if (emb_name.empty()) {
+    if (!fam)
+      unsupported(cfgw, "architecture \"" + info.architecture + "\" (model_type \"" + info.model_type +
+                            "\") is not known; known model types: " + supported_architectures() +
+                            "; name the tensors with --embedding-tensor NAME --head-tensor NAME");
+    emb_name = pick(fam->embedding);
+  }
+  if (head_name.empty() && fam) head_name = pick(fam->head);
+
+  // Another quantization method stores other tensors (GPTQ: qweight, qzeros, ...):
+  // say so before looking for the roles' tensors.
+  if (cfg_top.contains("quantization_config") && cfg_top["quantization_config"].is_object()) {
+    const json& qc = cfg_top["quantization_config"];
+    const std::string method = qc.contains("quant_method") && qc["quant_method"].is_string()
+                                   ? qc["quant_method"].get<std::string>() : std::string();
+    if (method != "compressed-tensors")
+      unsupported(cfgw, "quantization_config.quant_method \"" + method + "\" is not supported (tensors " + emb_name +
+                            (head_name.empty() ? std::string() : ", " + head_name) +
+                            "); qhead reads quant_method compressed-tensors, format pack-quantized");
+  }
+
+  // Tie.
+  if (cfg_top.contains("tie_word_embeddings") && !cfg_top["tie_word_embeddings"].is_null()) {
+    if (!cfg_top["tie_word_embeddings"].is_boolean()) invalid(cfgw, "tie_word_embeddings is not a boolean");
+    info.tied = cfg_top["tie_word_embeddings"].get<bool>();
+  } else if (cfg.contains("tie_word_embeddings") && cfg["tie_word_embeddings"].is_boolean()) {
+    info.tied = cfg["tie_word_embeddings"].get<bool>();
+  } else {
+    info.tied = fam ? fam->tied_default : false;
+  }
+
+  auto fill = [&](ModelInfo::Role& role, const std::string& name) {
+    role.tensor = name;
+    const std::string mod = module_of(name);
+    if (files.contains(mod + ".weight_packed")) {
+      role.packed = true;
+      role.file = files.file_of(mod + ".weight_packed").path();
+      if (!files.contains(mod + ".weight_scale")) invalid(role.file, "packed " + mod + " has no " + mod + ".weight_scale");
+      role.dtype = files.get(mod + ".weight_scale").dtype();
+    } else {
+      role.file = files.file_of(name).path();
+      role.dtype = files.get(name).dtype();
+    }
+    role.stored = true;
+    role.bytes = stored_bytes(files, name, role.packed);
+  };
+
+  if (!has_weight(files, emb_name))
+    invalid(dir_s, "no embedding tensor " + emb_name + " (nor " + module_of(emb_name) + ".weight_packed) in the checkpoint");
+  fill(info.embedding, emb_name);
+  const bool head_present = !head_name.empty() && head_name != emb_name && has_weight(files, head_name);
+  if (head_present) {
+    fill(info.head, head_name);
+  } else if (info.tied) {
+    info.head = info.embedding;  // the same stored tensor serves the head
+    info.head.stored = head_name == emb_name;
+    if (!info.head.stored) info.head.bytes = 0;
+  } else {
+    invalid(dir_s, "config.json says tie_word_embeddings is false but there is no head tensor " +
+                       (head_name.empty() ? std::string("(none named: pass --head-tensor)") : head_name) +
+                       " (nor its .weight_packed) in the checkpoint");
+  }
+  if (info.tied && head_present && !same_stored(files, info.embedding, info.head))
+    invalid(dir_s, "config.json says tie_word_embeddings is true but the checkpoint stores different " +
+                       info.embedding.tensor + " and " + info.head.tensor + " (a tied model must store one table, or two identical ones)");
+
+  // Shapes against config.
+  std::string vkey, hkey;
+  const auto vocab = int_key(cfg, {"vocab_size"}, &vkey);
+  const auto hidden = info.model_type == "opt" ? int_key(cfg, {"word_embed_proj_dim", "hidden_size"}, &hkey)
+                                               : int_key(cfg, {"hidden_size", "n_embd", "d_model"}, &hkey);
+  if (!vocab) invalid(cfgw, "has no integer vocab_size");
+  if (!hidden) invalid(cfgw, "has no integer hidden_size (nor n_embd, d_model)");
+  info.vocab = *vocab;
+  info.hidden = *hidden;
+  for (const ModelInfo::Role* role : {&info.embedding, &info.head}) {
+    if (role == &info.head && !head_present) continue;
+    const auto [rows, cols] = stored_shape(files, *role);
+    if (rows != info.vocab || cols != info.hidden)
+      invalid(role->file, role->tensor + " is [" + std::to_string(rows) + ", " + std::to_string(cols) + "] but " + cfgw +
+                              " says " + vkey + " " + std::to_string(info.vocab) + ", " + hkey + " " +
+                              std::to_string(info.hidden) + " (expected [" + std::to_string(info.vocab) + ", " +
+                              std::to_string(info.hidden) + "])");
+  }
+
+  // Quantization config.
+  if (cfg_top.contains("quantization_config") && !cfg_top["quantization_config"].is_null()) {
+    const json& qc = cfg_top["quantization_config"];
+    if (!qc.is_object()) invalid(cfgw, "quantization_config is not an object");
+    info.compressed_tensors = true;
+    auto decide = [&](ModelInfo::Role& role, const char* cls) {
+      const auto grp = match_group(qc, module_of(role.tensor), cls, cfgw);
+      std::optional<QuantScheme> s = grp ? scheme_of(qc, *grp, role.tensor, cfgw) : std::nullopt;
+      if (s && !role.packed)
+        invalid(role.file, cfgw + " quantizes " + module_of(role.tensor) + " (config group " + grp->name + ", " +
+                               s->name() + ") but the checkpoint stores it dense as " + role.tensor);
+      if (!s && role.packed)
+        invalid(role.file, "the checkpoint stores " + module_of(role.tensor) + ".weight_packed but " + cfgw +
+                               "'s quantization_config does not quantize " + module_of(role.tensor) +
+                               " (no config group targets it, or it is ignored)");
+      if (s) {
+        s->scale_dtype = role.dtype;
+        if (!is_float_dtype(role.dtype))
+          invalid(role.file, module_of(role.tensor) + ".weight_scale is " + dtype_name(role.dtype) + ", expected F16, BF16 or F32");
+        role.scheme = s;
+      }
+    };
+    decide(info.embedding, "Embedding");
+    if (head_present) {
+      decide(info.head, "Linear");
+      if (info.tied && info.head.scheme != info.embedding.scheme)
+        invalid(cfgw, "tie_word_embeddings is true but the quantization_config gives " + info.embedding.tensor + " " +
+                          (info.embedding.scheme ? info.embedding.scheme->name() : "none") + " and " + info.head.tensor +
+                          " " + (info.head.scheme ? info.head.scheme->name() : "none"));
+    } else {
+      info.head.scheme = info.embedding.scheme;
+    }
+  } else {
+    for (ModelInfo::Role* role : {&info.embedding, &info.head})
+      if (role->stored && role->packed)
+        invalid(role->file, "the checkpoint stores " + module_of(role->tensor) + ".weight_packed but " + cfgw +
+                                " has no quantization_config (qhead needs its scheme)");
+  }
+  return r;
+}
+
+Table load_role(const Files& f, const ModelInfo::Role& role) {
+  if (!role.packed) return Table::dense(f.get(role.tensor));
+  const std::string mod = module_of(role.tensor);
+  // All parts in one file: load_packed validates and views them in place.
+  const SafetensorsFile& first = f.file_of(mod + ".weight_packed");
+  bool one_file = true;
+  for (const char* k : kPackedParts)
+    if (f.contains(mod + k) && &f.file_of(mod + k) != &first) one_file = false;
+  if (one_file) return load_packed(first, mod, role.scheme);
+  // A sharded checkpoint split the parts over files: assemble the same views.
+  const QuantScheme s = *role.scheme;
+  const Tensor shape = f.get(mod + ".weight_shape");
+  PackedTable p;
+  p.scheme = s;
+  p.vocab = shape.dtype() == DType::kI64 ? shape.ptr<int64_t>()[0] : shape.ptr<int32_t>()[0];
+  p.hidden = shape.dtype() == DType::kI64 ? shape.ptr<int64_t>()[1] : shape.ptr<int32_t>()[1];
+  p.packed = f.get(mod + ".weight_packed");
+  p.scale = f.get(mod + ".weight_scale");
+  if (!s.symmetric) {
+    if (!f.contains(mod + ".weight_zero_point"))
+      invalid(first.path(), "asymmetric scheme " + s.name() + " but no tensor " + mod + ".weight_zero_point");
+    p.zero_point = f.get(mod + ".weight_zero_point");
+  } else if (f.contains(mod + ".weight_zero_point")) {
+    invalid(first.path(), "symmetric scheme " + s.name() + " but the checkpoint has " + mod + ".weight_zero_point");
+  }
+  return Table::packed(std::move(p), first.path() + ": " + mod);
+}
+
+}  // namespace
+
+size_t ModelInfo::table_bytes() const {
+  return embedding.bytes + ((tied || !head.stored) ? 0 : head.bytes);
+}
+
+ModelInfo inspect_model(const std::string& dir, const ModelOverrides& overrides) {
+  return resolve(dir, overrides).info;
+}
+
+TokenTables load_model_tables(const std::string& dir, const ModelOverrides& overrides, ModelInfo* info) {
+  Resolved r = resolve(dir, overrides);
+  TokenTables t;
+  t.embedding = load_role(r.files, r.info.embedding);
+  t.head = r.info.tied ? t.embedding : load_role(r.files, r.info.head);
+  if (info) *info = r.info;
+  return t;
+}
+
+}  // namespace qhead
