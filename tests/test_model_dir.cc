@@ -256,6 +256,11 @@ TEST_F(TempModel, UnsupportedSchemes) {
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"lm_head.weight", "actorder"});
   with([&](json& q) { q["config_groups"][head_group]["weights"]["strategy"] = "tensor"; });
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"lm_head.weight", "strategy is \"tensor\""});
+  // Wrong JSON types are a malformed config, not a crash or a foreign exception.
+  with([&](json& q) { q["config_groups"][head_group]["weights"]["symmetric"] = "yes"; });
+  expect_error([&] { inspect_model(dir()); }, ErrorCode::kInvalidFile, {"config.json", "unexpected type"});
+  with([&](json& q) { q["config_groups"][head_group]["targets"] = "lm_head"; });
+  expect_error([&] { inspect_model(dir()); }, ErrorCode::kInvalidFile, {"targets is missing or not a list"});
 }
 
 // compressed-tensors matching: ignore entries (regex) win over targets; regexes
@@ -368,6 +373,37 @@ TEST_F(TempModel, NotADirectoryOrBadJson) {
   copy("untied");
   std::ofstream(dir_ / "config.json") << "{\"vocab_size\": ";
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kInvalidFile, {"config.json", "not valid JSON"});
+}
+
+// Every value of config.json and of the shard index replaced by values of other
+// JSON types: inspect_model either resolves or throws qhead::Error, never
+// anything else (the library does not abort or leak parser exceptions on input).
+TEST_F(TempModel, EveryConfigValueOfTheWrongTypeIsAnError) {
+  copy("sharded_untied");
+  for (const char* file : {"config.json", "model.safetensors.index.json"}) {
+    const json orig = read(file);
+    const json flat = orig.flatten();
+    int errors = 0, runs = 0;
+    for (const auto& [path, value] : flat.items()) {
+      for (const json& repl : {json(nullptr), json("x"), json(-1), json(true), json::array(), json::object(), json(1e300)}) {
+        json j = orig;
+        j[json::json_pointer(path)] = repl;
+        write(file, j);
+        ++runs;
+        try {
+          inspect_model(dir());
+        } catch (const Error&) {
+          ++errors;
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << file << " " << path << " = " << repl.dump() << ": non-qhead exception " << e.what();
+        }
+      }
+    }
+    write(file, orig);
+    EXPECT_GT(errors, 0) << file;
+    EXPECT_GT(runs, 50) << file;
+  }
+  EXPECT_NO_THROW(inspect_model(dir()));
 }
 
 // ---- CLI --------------------------------------------------------------------

@@ -313,7 +313,7 @@ std::optional<int64_t> int_key(const json& cfg, std::initializer_list<const char
   return std::nullopt;
 }
 
-Resolved resolve(const std::string& dir_s, const ModelOverrides& ov) {
+Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
   const fs::path dir(dir_s);
   if (!fs::is_directory(dir)) throw Error(ErrorCode::kIo, dir_s, "is not a directory");
   const fs::path cfg_path = dir / "config.json";
@@ -466,6 +466,16 @@ Resolved resolve(const std::string& dir_s, const ModelOverrides& ov) {
                                 " has no quantization_config (qhead needs its scheme)");
   }
   return r;
+}
+
+// A config value of an unexpected JSON type (e.g. "symmetric": "yes") surfaces
+// from nlohmann::json as its own exception; it is a malformed config.json.
+Resolved resolve(const std::string& dir, const ModelOverrides& ov) {
+  try {
+    return resolve_impl(dir, ov);
+  } catch (const json::exception& e) {
+    invalid((fs::path(dir) / "config.json").string(), std::string("a value has an unexpected type (") + e.what() + ")");
+  }
 }
 
 Table load_role(const Files& f, const ModelInfo::Role& role) {
