@@ -36,6 +36,10 @@ Cases:
                lm_head is quantized through it; group 1 targets the embedding by
                a "re:" regex (w8 channel symmetric)
 
+`--verify DIR...` loads fixture directories through compressed-tensors' own
+load lifecycle (apply_quantization_config, compress_model, load_state_dict,
+decompress_model) and checks both roles equal reference.safetensors.
+
 Made with: python 3.11, torch 2.15.0 (CPU), compressed-tensors 0.20.0,
 transformers 5.24.0, safetensors 0.8.0 — /tmp/ctvenv/bin/python
 scripts/make_ct_model_fixtures.py [OUT_DIR] (default tests/fixtures/ct_models).
@@ -175,7 +179,40 @@ def shard(out_root, src_name, name, sd):
         shutil.copy(os.path.join(out_root, src_name, fname), os.path.join(d, fname))
 
 
+def verify(d):
+    """Loads a fixture directory the way compressed-tensors' ModelCompressor
+    docstring describes a load (config -> apply_quantization_config ->
+    compress_model for the compressed parameters -> load the state dict ->
+    decompress_model) and checks both roles equal reference.safetensors."""
+    from safetensors.torch import load_file
+    cfg = transformers.AutoConfig.from_pretrained(d)
+    with open(os.path.join(d, "config.json")) as f:
+        qc = QuantizationConfig.model_validate(json.load(f)["quantization_config"])
+    model = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
+    apply_quantization_config(model, qc, show_progress=False)
+    comp = ModelCompressor(quantization_config=qc)
+    comp.compress_model(model)
+    idx = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(idx):
+        with open(idx) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    sd = {}
+    for fname in files:
+        sd.update(load_file(os.path.join(d, fname)))
+    _, unexpected = model.load_state_dict(sd, strict=False)
+    comp.decompress_model(model)
+    ref = load_file(os.path.join(d, "reference.safetensors"))
+    ok = (not unexpected and torch.equal(model.model.embed_tokens.weight, ref["embedding"])
+          and torch.equal(model.lm_head.weight, ref["head"]))
+    print(f"{d}: {'OK' if ok else 'DIFFERS'} (unexpected keys: {unexpected})")
+    return ok
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--verify":
+        sys.exit(0 if all([verify(d) for d in sys.argv[2:]]) else 1)
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures",
                                                             "ct_models")
     os.makedirs(out, exist_ok=True)
