@@ -438,6 +438,13 @@ TEST(ModelDirCli, InspectJson) {
   EXPECT_NE(text.find("tied"), std::string::npos) << text;
   const auto [s3, err] = run_cli("inspect " + fixture("tied") + " --scheme w4g48");
   EXPECT_NE(s3, 0) << err;
+  // The override flags reach the library.
+  const auto [s4, o4] = run_cli("inspect " + fixture("untied") + " --json --embedding-tensor model.embed_tokens.weight --head-tensor lm_head.weight");
+  ASSERT_EQ(s4, 0) << o4;
+  EXPECT_EQ(json::parse(o4)["head"]["scheme"], "w8a");
+  const auto [s5, o5] = run_cli("inspect " + fixture("untied") + " --head-tensor nope.weight");
+  EXPECT_EQ(s5, 2) << o5;
+  EXPECT_NE(o5.find("nope.weight"), std::string::npos) << o5;
 }
 
 }  // namespace
