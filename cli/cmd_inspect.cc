@@ -10,6 +10,7 @@
 #include <set>
 
 #include "commands.h"
+#include "qhead/gguf.h"
 #include "qhead/model.h"
 #include "qhead/safetensors.h"
 #include "qhead/table.h"
@@ -98,10 +99,48 @@ int inspect_model_dir(const InspectArgs& a) {
   return 0;
 }
 
+// qhead inspect MODEL.gguf: the two roles of a GGUF model (llama.cpp names).
+int inspect_gguf(const InspectArgs& a) {
+  const GgufFile f = GgufFile::open(a.file);
+  const GgufRoles r = gguf_roles(f);
+  QuantScheme target = QuantScheme::parse(a.scheme, DType::kBF16);
+  target.check_hidden(r.hidden, "inspect", r.embedding);
+  const auto& ei = f.info(r.embedding);
+  const size_t now = ei.nbytes + (r.tied ? 0 : f.info(r.head).nbytes);
+  const size_t later = packed_bytes(r.vocab, r.hidden, target) * (r.tied ? 1 : 2);
+  const std::string arch = f.get_string("general.architecture").value_or("");
+  auto role_json = [&](const std::string& name) {
+    const auto& i = f.info(name);
+    return nlohmann::json{{"tensor", name}, {"ggml_type", ggml_type_name(i.type)}, {"bytes", i.nbytes}};
+  };
+  if (a.json) {
+    nlohmann::json j = {{"file", a.file},         {"format", "gguf"},
+                        {"gguf_version", f.version()}, {"architecture", arch},
+                        {"vocab", r.vocab},       {"hidden", r.hidden},
+                        {"tied", r.tied},         {"embedding", role_json(r.embedding)},
+                        {"head", role_json(r.head)}, {"table_bytes", now},
+                        {"scheme", target.name()}, {"table_bytes_after_scheme", later}};
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  fmt::print("{}: GGUF v{}, architecture {}, {} tensors, valid\n", a.file, f.version(), arch.empty() ? "?" : arch,
+             f.names().size());
+  fmt::print("  token table [{} x {}], {}\n", r.vocab, r.hidden,
+             r.tied ? "tied (no output.weight: the head reuses token_embd)" : "untied");
+  fmt::print("  embedding {} : {} ({})\n", r.embedding, ggml_type_name(ei.type), human_bytes(double(ei.nbytes)));
+  if (!r.tied)
+    fmt::print("  head      {} : {} ({})\n", r.head, ggml_type_name(f.info(r.head).type),
+               human_bytes(double(f.info(r.head).nbytes)));
+  fmt::print("  token tables now {}; as {} (pack-quantized, bf16 scales{}) {}\n", human_bytes(double(now)),
+             target.name(), r.tied ? ", one copy" : "", human_bytes(double(later)));
+  return 0;
+}
+
 }  // namespace
 
 int run_inspect(const InspectArgs& a) {
   if (std::filesystem::is_directory(a.file)) return inspect_model_dir(a);
+  if (ends_with(a.file, ".gguf")) return inspect_gguf(a);
   const SafetensorsFile f = SafetensorsFile::open(a.file);
 
   // Packed tables: every "<prefix>.weight_packed", loaded (and so validated:

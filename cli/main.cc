@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
                  "embedding and head (architecture, tie, storage, bytes now and under --scheme)");
   inspect->add_option("file", ia.file, "safetensors file or Hugging Face model directory")->required();
   inspect->add_flag("--json", ia.json, "machine-readable output");
-  inspect->add_option("--scheme", ia.scheme, "model directory: scheme to size the table under (default w4g64)");
+  inspect->add_option("--scheme", ia.scheme, "model directory or .gguf: scheme to size the table under (default w4g64)");
   inspect->add_option("--embedding-tensor", ia.embedding_tensor, "model directory: embedding weight name (override)");
   inspect->add_option("--head-tensor", ia.head_tensor, "model directory: head weight name (override)");
 

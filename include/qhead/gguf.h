@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "qhead/quantize.h"
 #include "qhead/tensor.h"
 
 namespace qhead {
@@ -178,5 +179,12 @@ struct GgufRoles {
 // present, the head (its dims must equal the embedding's); absent, the model
 // is tied. Throws kInvalidFile when token_embd.weight is missing or not 2-D.
 GgufRoles gguf_roles(const GgufFile& file);
+
+// The model's token tables as qhead Tables: each role dequantized to f32
+// (ggml's block formats are not the pack-quantized layout, so they are not
+// used in place), then, when `scheme` is given, RTN-quantized to it. Tied
+// (no output.weight): ONE Table serves both roles.
+TokenTables gguf_load_tables(const GgufFile& file, const std::optional<QuantScheme>& scheme = std::nullopt,
+                             int threads = 0);
 
 }  // namespace qhead

@@ -952,4 +952,17 @@ GgufRoles gguf_roles(const GgufFile& file) {
   return roles;
 }
 
+TokenTables gguf_load_tables(const GgufFile& file, const std::optional<QuantScheme>& scheme, int threads) {
+  const GgufRoles roles = gguf_roles(file);
+  auto load = [&](const std::string& name) {
+    Table dense = Table::dense(gguf_dequantize(file, name, threads));
+    if (!scheme) return dense;
+    return quantize_table(dense, *scheme, threads, file.path() + ": " + name);
+  };
+  TokenTables t;
+  t.embedding = load(roles.embedding);
+  t.head = roles.tied ? t.embedding : load(roles.head);
+  return t;
+}
+
 }  // namespace qhead
