@@ -29,6 +29,7 @@
 #include <sstream>
 
 #include "qhead/dtype.h"
+#include "io/fd_guard.h"
 #include "qhead/error.h"
 #include "qhead/parallel.h"
 
@@ -68,15 +69,7 @@ constexpr uint64_t kMinTensorInfoBytes = 24;
 std::string errno_str(int err) { return std::strerror(err); }
 std::string num(uint64_t v) { return std::to_string(v); }
 
-struct FdGuard {
-  int fd = -1;
-  explicit FdGuard(int f) : fd(f) {}
-  FdGuard(const FdGuard&) = delete;
-  FdGuard& operator=(const FdGuard&) = delete;
-  ~FdGuard() {
-    if (fd >= 0) ::close(fd);
-  }
-};
+using io::FdGuard;
 
 uint16_t rd16(const unsigned char* p) { return uint16_t(p[0] | (p[1] << 8)); }
 uint32_t rd32(const unsigned char* p) {

@@ -22,6 +22,7 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "io/fd_guard.h"
 #include "qhead/error.h"
 
 namespace qhead {
@@ -58,16 +59,7 @@ std::string range_str(size_t begin, size_t end) {
   return "[" + std::to_string(begin) + ", " + std::to_string(end) + ")";
 }
 
-// Closes a file descriptor on scope exit (unless released).
-struct FdGuard {
-  int fd = -1;
-  explicit FdGuard(int f) : fd(f) {}
-  FdGuard(const FdGuard&) = delete;
-  FdGuard& operator=(const FdGuard&) = delete;
-  ~FdGuard() {
-    if (fd >= 0) ::close(fd);
-  }
-};
+using io::FdGuard;
 
 uint64_t read_u64_le(const unsigned char* p) {
   uint64_t v = 0;
