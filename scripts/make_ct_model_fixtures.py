@@ -60,6 +60,9 @@ from compressed_tensors.quantization import (QuantizationArgs, QuantizationConfi
                                              QuantizationScheme, apply_quantization_config)
 from compressed_tensors.quantization.utils.helpers import calculate_qparams
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_ct_fixtures import observe  # noqa: E402  (the same per-group min/max as the tensor fixtures)
+
 
 def args(bits, group, sym):
     if group is None:
@@ -82,15 +85,6 @@ CASES = {
 }
 
 ROLES = {"embedding": "model.embed_tokens", "head": "lm_head"}
-
-
-def observe(w, a):
-    """Per-group (or per-row) min / max, as compressed-tensors' min-max observer."""
-    v, h = w.shape
-    if a.strategy == "channel":
-        return w.amin(dim=1, keepdim=True), w.amax(dim=1, keepdim=True)
-    gw = w.reshape(v, h // a.group_size, a.group_size)
-    return gw.amin(dim=2), gw.amax(dim=2)
 
 
 def make(out_root, name, case):
