@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <library_types.h>
 
 #include <string>
 
@@ -22,6 +23,23 @@ inline void check(cudaError_t e, const char* what, const char* file, int line) {
 #define QHEAD_CUDA_CHECK_LAUNCH(name) ::qhead::cuda_detail::check(cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
 
 cudaStream_t current_stream();
+
+// Multiprocessors of the current device (read once).
+inline int sm_count() {
+  static int n = [] {
+    int dev = 0, c = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev);
+    return c > 0 ? c : 1;
+  }();
+  return n;
+}
+
+// out[M, V] (f32, row stride ldo) = x[M, H] · w[V, H]ᵀ: one cuBLAS GemmEx on
+// the current stream, f32 accumulation (ops_cuda.cu; the fallback and the
+// benchmark's dense baseline both call it).
+void gemm_xwt(const void* w, cudaDataType_t wt, const void* x, cudaDataType_t xt, float* out, int V, int H, int M,
+              int64_t ldo);
 
 // Scale dtype codes passed to kernels (runtime: one load per group).
 enum ScaleType : int { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };

@@ -423,16 +423,6 @@ inline int pick_piece_bytes(int bits, int group) {
   return 0;
 }
 
-inline int sm_count() {
-  static int n = [] {
-    int dev = 0, c = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&c, cudaDevAttrMultiProcessorCount, dev);
-    return c > 0 ? c : 1;
-  }();
-  return n;
-}
-
 template <int BITS, class T, int L, int RT, int NT, int D, bool ASYM, int kWarps = 8>
 void launch_logits_cfg(const LogitsArgs& a, cudaStream_t s) {
   auto kernel = logits_mma_kernel<BITS, T, L, RT, NT, D, ASYM>;

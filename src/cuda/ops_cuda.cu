@@ -31,8 +31,17 @@ struct Workspace {
   std::shared_ptr<const void> block;
   size_t bytes = 0;
 };
+// One grow-only buffer per use, so buffers of one call never alias.
+enum WorkspaceSlot : int {
+  kWsActivations = 0,  // B-fragment-ordered activations of the fused kernel
+  kWsDenseTable,       // the fallback's dequantized [V, H] table
+  kWsLogits,           // [M, V] logits the top-k reads
+  kWsTopkCandidates,   // stage-1 top-k candidates and partial sums
+  kWsEmbedFlag,        // embed's out-of-range flag
+  kWsCount
+};
 Workspace& workspace_slot(int i) {
-  static Workspace w[4];
+  static Workspace w[kWsCount];
   return w[i];
 }
 // Grow-only scratch buffer `slot` of at least `bytes` (stream-ordered reuse).
@@ -414,7 +423,7 @@ const void* dense_operand(const Table& table, DType want, cudaStream_t s) {
   if (!table.is_packed()) return table.dense().data();
   const TableArgs t = table_args(table.packed());
   const int64_t n = t.V * t.H;
-  void* w = workspace(1, size_t(n) * dtype_size(want));
+  void* w = workspace(kWsDenseTable, size_t(n) * dtype_size(want));
   const int threads = 256;
   // Word-parallel kernel when a word holds whole codes of one group (4/8-bit, group >= 32/bits).
   const bool words_ok = (t.bits == 4 || t.bits == 8) && t.group % (32 / t.bits) == 0;
@@ -449,12 +458,7 @@ void gemm_fallback(const Table& table, const TensorView& x, float* out, int64_t 
                        "; they must match");
   const void* w = dense_operand(table, wt, s);
   const int V = static_cast<int>(table.vocab()), H = static_cast<int>(table.hidden()), M = static_cast<int>(x.size(0));
-  const float alpha = 1.0f, beta = 0.0f;
-  // out[M, V] (row-major) = (W[V, H] · x[M, H]ᵀ) seen column-major as [V, M].
-  check_blas(cublasGemmEx(blas(), CUBLAS_OP_T, CUBLAS_OP_N, V, M, H, &alpha, w, cuda_type(wt), H, x.data,
-                          cuda_type(x.dtype), H, &beta, out, CUDA_R_32F, static_cast<int>(ldo), CUBLAS_COMPUTE_32F,
-                          CUBLAS_GEMM_DEFAULT),
-             "cublasGemmEx");
+  gemm_xwt(w, cuda_type(wt), x.data, cuda_type(x.dtype), out, V, H, M, ldo);
 }
 
 // Fused logits into out (ld ldo); returns false when the table/shape has no fast path.
@@ -467,7 +471,7 @@ bool fused_logits(const Table& table, const TensorView& x, float* out, int64_t l
   if (pick_piece_bytes(bits, group) == 0) return false;
   cudaStream_t s = current_stream();
   const int64_t mpad = (x.size(0) + 7) / 8 * 8;
-  void* xp = workspace(0, size_t(mpad * p.hidden) * 2);
+  void* xp = workspace(kWsActivations, size_t(mpad * p.hidden) * 2);
   LogitsArgs a;
   a.packed = static_cast<const uint32_t*>(p.packed.data());
   a.scale = p.scale.data();
@@ -495,7 +499,7 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out) {
   cudaStream_t s = current_stream();
   const int64_t n = ids.size(0);
   if (n == 0) return;
-  int* bad = static_cast<int*>(workspace(2, sizeof(int)));
+  int* bad = static_cast<int*>(workspace(kWsEmbedFlag, sizeof(int)));
   QHEAD_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), s));
   if (!table.is_packed()) fail("embed", "CUDA embed takes a packed table");
   const TableArgs t = table_args(table.packed());
@@ -540,12 +544,12 @@ void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   check_act(x, "topk");
   if (k > kMaxK) fail("topk", "CUDA top-k takes k <= " + std::to_string(kMaxK) + ", got " + std::to_string(k));
   const int64_t M = x.size(0), V = table.vocab();
-  float* l = static_cast<float*>(workspace(1 + 1, size_t(M * V) * sizeof(float)));
+  float* l = static_cast<float*>(workspace(kWsLogits, size_t(M * V) * sizeof(float)));
   if (!want_fused(backend, M) || !fused_logits(table, x, l, V)) gemm_fallback(table, x, l, V);
   if (M == 0) return;
   // Two stages: slices of 4096 logits per block in parallel, then a merge.
   const int P = int((V + kTopkSlice - 1) / kTopkSlice);
-  char* ws = static_cast<char*>(workspace(3, size_t(M) * P * (2 * size_t(k) + 2) * 4));
+  char* ws = static_cast<char*>(workspace(kWsTopkCandidates, size_t(M) * P * (2 * size_t(k) + 2) * 4));
   float* cv = reinterpret_cast<float*>(ws);
   int* ci = reinterpret_cast<int*>(cv + M * P * k);
   float* pm = reinterpret_cast<float*>(ci + M * P * k);
@@ -585,4 +589,18 @@ void rescore(const Table& dense, const TensorView& x, const TensorView& candidat
 }
 
 }  // namespace cuda_ops
+
+namespace cuda_detail {
+
+void gemm_xwt(const void* w, cudaDataType_t wt, const void* x, cudaDataType_t xt, float* out, int V, int H, int M,
+              int64_t ldo) {
+  const float alpha = 1.0f, beta = 0.0f;
+  // out[M, V] (row-major) = (W[V, H] · x[M, H]ᵀ) seen column-major as [V, M].
+  cuda_ops::check_blas(cublasGemmEx(cuda_ops::blas(), CUBLAS_OP_T, CUBLAS_OP_N, V, M, H, &alpha, w, wt, H, x, xt, H,
+                                    &beta, out, CUDA_R_32F, static_cast<int>(ldo), CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT),
+                       "cublasGemmEx");
+}
+
+}  // namespace cuda_detail
 }  // namespace qhead
