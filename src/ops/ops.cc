@@ -18,26 +18,23 @@ namespace {
   throw Error(ErrorCode::kInvalidArgument, op, what);
 }
 
-// Every tensor of a call lives where the table lives (CPU or CUDA); ops
-// never copy between devices behind the caller's back.
-thread_local Device t_device = Device::kCPU;
-
 void check_table(const Table& t, const char* op) {
-  t_device = t.device();
   if (t.vocab() == 0 && t.hidden() == 0) fail(op, "table is empty (default-constructed)");
   if (t.vocab() > std::numeric_limits<int32_t>::max())
     fail(op, "vocab " + std::to_string(t.vocab()) + " exceeds the I32 id range");
 }
 
-void check_cpu(const TensorView& v, const char* op, const char* name) {
-  if (v.device != t_device)
-    fail(op, std::string(name) + " is on " + device_name(v.device) + " but the table is on " + device_name(t_device));
+// Every tensor of a call lives where the table lives (CPU or CUDA); ops
+// never copy between devices behind the caller's back.
+void check_on_device(const TensorView& v, Device dev, const char* op, const char* name) {
+  if (v.device != dev)
+    fail(op, std::string(name) + " is on " + device_name(v.device) + " but the table is on " + device_name(dev));
   check_contiguous(v, op, name);
   if (v.numel() > 0 && v.data == nullptr) fail(op, std::string(name) + " has no data");
 }
 
 void check_x(const Table& t, const TensorView& x, const char* op) {
-  check_cpu(x, op, "x");
+  check_on_device(x, t.device(), op, "x");
   check_dims(x, 2, op, "x");
   if (!is_float_dtype(x.dtype)) fail(op, std::string("x must be F32/F16/BF16, got ") + dtype_name(x.dtype));
   if (x.size(1) != t.hidden())
@@ -45,16 +42,17 @@ void check_x(const Table& t, const TensorView& x, const char* op) {
                  std::to_string(t.hidden()) + "]: x's last dim must equal H");
 }
 
-void check_out(const TensorView& out, DType dtype, const Shape& shape, const char* op, const char* name) {
-  check_cpu(out, op, name);
+void check_out(const TensorView& out, Device dev, DType dtype, const Shape& shape, const char* op,
+               const char* name) {
+  check_on_device(out, dev, op, name);
   if (out.dtype != dtype) fail(op, std::string(name) + " must be " + dtype_name(dtype) + ", got " + dtype_name(out.dtype));
   if (out.shape != shape)
     fail(op, std::string(name) + " must have shape " + shape_str(shape) + ", got " + shape_str(out.shape));
 }
 
 // Every id in [0, v); throws naming the first bad one.
-void check_ids(const TensorView& ids, int64_t v, const char* op, const char* name) {
-  check_cpu(ids, op, name);
+void check_ids(const TensorView& ids, Device dev, int64_t v, const char* op, const char* name) {
+  check_on_device(ids, dev, op, name);
   if (ids.dtype != DType::kI32 && ids.dtype != DType::kI64)
     fail(op, std::string(name) + " must be I32 or I64, got " + dtype_name(ids.dtype));
   if (ids.device != Device::kCPU) return;  // GPU ids: the kernel checks the range and reports
@@ -78,8 +76,8 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out, Bac
   const char* op = "embed";
   check_table(table, op);
   check_dims(ids, 1, op, "ids");
-  check_ids(ids, table.vocab(), op, "ids");
-  check_cpu(out, op, "out");
+  check_ids(ids, table.device(), table.vocab(), op, "ids");
+  check_on_device(out, table.device(), op, "out");
   if (!is_float_dtype(out.dtype)) fail(op, std::string("out must be F32/F16/BF16, got ") + dtype_name(out.dtype));
   if (out.shape != Shape{ids.size(0), table.hidden()})
     fail(op, "out must have shape " + shape_str({ids.size(0), table.hidden()}) + ", got " + shape_str(out.shape));
@@ -107,7 +105,7 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
   const char* op = "logits";
   check_table(table, op);
   check_x(table, x, op);
-  check_out(out, DType::kF32, {x.size(0), table.vocab()}, op, "out");
+  check_out(out, table.device(), DType::kF32, {x.size(0), table.vocab()}, op, "out");
   if (table.device() == Device::kCUDA) return cuda_ops::logits(table, x, out, backend);
   switch (backend) {
     case Backend::kFallbackBlas:
@@ -142,9 +140,9 @@ void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   if (k < 1 || k > table.vocab())
     fail(op, "k = " + std::to_string(k) + " must be in [1, V = " + std::to_string(table.vocab()) + "]");
   const int64_t m = x.size(0);
-  check_out(values, DType::kF32, {m, k}, op, "values");
-  check_out(ids, DType::kI32, {m, k}, op, "ids");
-  check_out(lse, DType::kF32, {m}, op, "logsumexp");
+  check_out(values, table.device(), DType::kF32, {m, k}, op, "values");
+  check_out(ids, table.device(), DType::kI32, {m, k}, op, "ids");
+  check_out(lse, table.device(), DType::kF32, {m}, op, "logsumexp");
   if (table.device() == Device::kCUDA)
     return cuda_ops::topk(table, x, k, values, ids, lse, backend);
   switch (backend) {
@@ -178,9 +176,9 @@ void rescore(const Table& dense, const TensorView& x, const TensorView& candidat
   check_dims(candidates, 2, op, "candidates");
   if (candidates.size(0) != x.size(0))
     fail(op, "candidates " + shape_str(candidates.shape) + " and x " + shape_str(x.shape) + " disagree on M");
-  check_ids(candidates, dense.vocab(), op, "candidates");
-  check_out(values, DType::kF32, candidates.shape, op, "values");
-  check_out(ids, DType::kI32, candidates.shape, op, "ids");
+  check_ids(candidates, dense.device(), dense.vocab(), op, "candidates");
+  check_out(values, dense.device(), DType::kF32, candidates.shape, op, "values");
+  check_out(ids, dense.device(), DType::kI32, candidates.shape, op, "ids");
   if (dense.device() == Device::kCUDA) return cuda_ops::rescore(dense, x, candidates, values, ids);
   if (cpu::rescore(dense, x, candidates, values, ids)) return;
   ref::rescore(dense, x, candidates, values, ids);
