@@ -90,19 +90,23 @@ struct LogitsCase {
   int64_t V, H, M;
 };
 
-std::string describe(const LogitsCase& c) {
-  return "w" + std::to_string(c.bits) + (c.group > 0 ? "g" + std::to_string(c.group) : "") + (c.sym ? "" : "a") +
-         " act=" + dtype_name(c.act) + " scale=" + dtype_name(c.scale) + " V=" + std::to_string(c.V) +
-         " H=" + std::to_string(c.H) + " M=" + std::to_string(c.M);
-}
-
-void check_logits(const LogitsCase& c, uint64_t seed, Backend backend = Backend::kAuto) {
-  SCOPED_TRACE(describe(c) + (backend == Backend::kFallbackBlas ? " (fallback)" : ""));
+QuantScheme scheme_of(const LogitsCase& c) {
   QuantScheme s;
   s.bits = c.bits;
   s.group_size = c.group;
   s.symmetric = c.sym;
   s.scale_dtype = c.scale;
+  return s;
+}
+
+std::string describe(const LogitsCase& c) {
+  return scheme_of(c).name() + " act=" + dtype_name(c.act) + " scale=" + dtype_name(c.scale) +
+         " V=" + std::to_string(c.V) + " H=" + std::to_string(c.H) + " M=" + std::to_string(c.M);
+}
+
+void check_logits(const LogitsCase& c, uint64_t seed, Backend backend = Backend::kAuto) {
+  SCOPED_TRACE(describe(c) + (backend == Backend::kFallbackBlas ? " (fallback)" : ""));
+  const QuantScheme s = scheme_of(c);
   const PackedTable host = random_packed(c.V, c.H, s, seed);
   const Table dev = cuda::to_device(Table::packed(host));
   const Tensor xh = random_tensor(c.act, c.M, c.H, seed + 1);
