@@ -57,7 +57,13 @@ int inspect_model_dir(const InspectArgs& a) {
   const size_t later = after(m.embedding) + (m.tied ? 0 : after(m.head));
   auto storage = [](const ModelInfo::Role& r) {
     if (!r.packed) return fmt::format("dense {}", dtype_name(r.dtype));
+    if (r.format == ModelInfo::Format::kGptq)
+      return fmt::format("GPTQ v{} {}{} (scales {})", r.gptq_version, r.scheme->name(), r.act_order ? " act-order" : "",
+                         dtype_name(r.dtype));
     return fmt::format("packed {} (scales {})", r.scheme->name(), dtype_name(r.dtype));
+  };
+  auto format_name = [](ModelInfo::Format f) {
+    return f == ModelInfo::Format::kGptq ? "gptq" : f == ModelInfo::Format::kPackQuantized ? "pack-quantized" : "dense";
   };
   if (a.json) {
     nlohmann::json j;
@@ -68,9 +74,14 @@ int inspect_model_dir(const InspectArgs& a) {
     j["hidden"] = m.hidden;
     j["tied"] = m.tied;
     j["compressed_tensors"] = m.compressed_tensors;
+    j["quant_method"] = m.quant_method;
     for (const auto* r : {&m.embedding, &m.head}) {
       nlohmann::json rj = {{"tensor", r->tensor}, {"file", r->file}, {"stored", r->stored}, {"packed", r->packed},
-                           {"dtype", dtype_name(r->dtype)}, {"bytes", r->bytes}};
+                           {"format", format_name(r->format)}, {"dtype", dtype_name(r->dtype)}, {"bytes", r->bytes}};
+      if (r->format == ModelInfo::Format::kGptq) {
+        rj["gptq_version"] = r->gptq_version;
+        rj["act_order"] = r->act_order;
+      }
       if (r->scheme) {
         rj["scheme"] = r->scheme->name();
         rj["bits"] = r->scheme->bits;

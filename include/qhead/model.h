@@ -31,6 +31,27 @@
 // types, bits outside 2..8, strategies other than group/channel, actorder) is
 // kUnsupported naming the tensor, what was found and what is supported.
 //
+// GPTQ (quant_method `gptq`, AutoGPTQ/GPTQModel/AutoRound's GPTQ export; or
+// a `quantize_config.json` beside a config without quantization_config): the
+// head is quantized when `<module>.qweight` is stored (config `lm_head: true`):
+//
+//   qweight  I32 [H·b/32, V]   codes q ∈ [0, 2^b) packed along H (the input
+//                              dim), low bits first
+//   qzeros   I32 [G, V·b/32]   zero points packed along V; checkpoint format
+//                              v1 (`gptq`, the default) stores z − 1, v2
+//                              (`checkpoint_format: gptq_v2`) stores z
+//   scales   F16 [G, V]
+//   g_idx    I32 [H]           group of each input column (optional)
+//   w[v, k] = scales[g_idx[k], v] · (q[k, v] − z[g_idx[k], v])
+//
+// It is converted at load into the native layout (a copy: the codes
+// transposed to rows, scales transposed, zero points repacked along V; bits
+// 2, 4 and 8). Symmetric when every zero is 2^(b-1) (what GPTQ's sym stores),
+// asymmetric otherwise. Act-order (`desc_act`: g_idx not k / group_size):
+// the columns are stored sorted by group with PackedTable::col_perm, which is
+// exact (every group must hold group_size columns). Embeddings are never
+// GPTQ-quantized; a tied config with a GPTQ head is an error.
+//
 // Every other failure is kInvalidFile naming the file and the key or tensor:
 // a missing config.json, a missing shard, an index naming a tensor its shard
 // lacks, a shape disagreeing with config `vocab_size`/`hidden_size`, a stored
@@ -61,12 +82,23 @@ struct ModelInfo {
   bool tied = false;
   // Whether config.json carries a compressed-tensors quantization_config.
   bool compressed_tensors = false;
+  // The quantization method named by the checkpoint ("" when none):
+  // "compressed-tensors", "gptq" (also AutoRound's GPTQ export).
+  std::string quant_method;
 
+  enum class Format {
+    kDense,          // <module>.weight
+    kPackQuantized,  // compressed-tensors <module>.weight_packed, _scale, [_zero_point], _shape
+    kGptq,           // <module>.qweight, .qzeros, .scales, [.g_idx]: converted at load
+  };
   struct Role {
     std::string tensor;                 // weight name, e.g. "lm_head.weight"
     std::string file;                   // the safetensors file holding it
     bool stored = false;                // false: a tied head not stored (shares the embedding)
-    bool packed = false;                // stored as <module>.weight_packed ...
+    bool packed = false;                // quantized (format says how it is stored)
+    Format format = Format::kDense;
+    int gptq_version = 0;               // kGptq: 1 (zeros stored z − 1) or 2
+    bool act_order = false;             // kGptq: g_idx is not k / group_size (loaded with col_perm)
     std::optional<QuantScheme> scheme;  // set when packed (scale dtype from the tensor)
     DType dtype = DType::kF32;          // dense dtype, or the scale dtype when packed
     size_t bytes = 0;                   // bytes of its stored tensors (0 when not stored)
@@ -83,7 +115,8 @@ struct ModelInfo {
 ModelInfo inspect_model(const std::string& dir, const ModelOverrides& overrides = {});
 
 // Loads the two roles as Tables (views into the files' mappings, no copy: a
-// packed role via load_packed, a dense one as the mapped tensor). Tied: one
+// packed role via load_packed, a dense one as the mapped tensor; a GPTQ role
+// is converted into new memory, multithreaded). Tied: one
 // Table for both roles (TokenTables::tied()). `info`, when given, receives
 // what inspect_model returns.
 TokenTables load_model_tables(const std::string& dir, const ModelOverrides& overrides = {},

@@ -17,6 +17,18 @@
 // Dequantized value: w[v, j] = (q[v, j] - z[v, j / gs]) * s[v, j / gs].
 // A row is contiguous in every tensor except the zero points, which are read
 // one code per (row, group).
+//
+// Optional column order (GPTQ act-order, `desc_act` with `g_idx`): a group is
+// a set of hidden indices that need not be contiguous. Such a table is stored
+// with its columns permuted so that every group is contiguous again:
+//
+//   col_perm           I32 [H]                    stored column j holds hidden
+//                                                  index col_perm[j]
+//
+// so w[v, col_perm[j]] = (q[v, j] - z[v, j / gs]) * s[v, j / gs]. The kernels
+// run on the stored order: ops.cc permutes x's columns (x'[m, j] =
+// x[m, col_perm[j]]) before logits/top-k and un-permutes the rows embed
+// gathers, so every backend sees a plain table (Table::stored_order()).
 #pragma once
 
 #include <cstdint>
@@ -73,12 +85,13 @@ struct PackedTable {
   Tensor packed;       // I32 [V, scheme.packed_cols(H)]
   Tensor scale;        // scheme.scale_dtype [V, G]
   Tensor zero_point;   // I32 [ceil(V·b/32), G]; undefined when symmetric
+  Tensor col_perm;     // I32 [H]: a permutation of 0..H-1; undefined = identity
 
-  // Checks dtypes, shapes against (V, H, scheme), and that every scale is
-  // finite. `where` names the source (file, tensor prefix) in errors.
+  // Checks dtypes, shapes against (V, H, scheme), that every scale is finite
+  // and that col_perm is a permutation. `where` names the source in errors.
   void validate(const std::string& where) const;
   size_t nbytes() const;
-  // Dequantizes row v into out[H] (f32).
+  // Dequantizes row v into out[H] (f32), in hidden order (col_perm applied).
   void dequantize_row(int64_t v, float* out) const;
 };
 
@@ -107,10 +120,16 @@ class Table {
   bool same_storage(const Table& o) const {
     return (packed_ && packed_ == o.packed_) || (dense_ && dense_ == o.dense_);
   }
+  // A packed table whose columns are stored permuted (PackedTable::col_perm).
+  bool has_col_perm() const { return packed_ && packed_->col_perm.defined(); }
+  // The same storage seen without its column permutation (the table the
+  // kernels run on, in stored column order); *this when there is none.
+  const Table& stored_order() const { return stored_ ? *stored_ : *this; }
 
  private:
   std::shared_ptr<const PackedTable> packed_;
   std::shared_ptr<const Tensor> dense_;
+  std::shared_ptr<const Table> stored_;  // set when packed_->col_perm is defined
 };
 
 // ---- compressed-tensors tensors in safetensors files ------------------------
@@ -137,6 +156,7 @@ Table load_packed(const SafetensorsFile& file, const std::string& prefix,
 // Adds `<prefix>.weight_packed`, `.weight_scale`, [`.weight_zero_point`],
 // `.weight_shape` and a metadata entry recording the scheme. `shape_store`
 // receives the I64 weight_shape tensor, which must outlive the writer's write().
+// A table with a col_perm is kUnsupported (the layout has no field for it).
 void add_packed(SafetensorsWriter& w, const std::string& prefix, const PackedTable& t,
                 Tensor& shape_store);
 

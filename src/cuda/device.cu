@@ -87,11 +87,12 @@ Table to_device(const Table& host) {
   if (host.device() != Device::kCPU) return host;
   if (!host.is_packed()) return Table::dense(to_device(host.dense().view()));
   const PackedTable& p = host.packed();
-  // One allocation: [packed | scale | zero points], each part 256-byte aligned.
+  // One allocation: [packed | scale | zero points | col_perm], each part 256-byte aligned.
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   const size_t b_packed = p.packed.nbytes(), b_scale = p.scale.nbytes();
   const size_t b_zp = p.zero_point.defined() ? p.zero_point.nbytes() : 0;
-  const size_t total = up(b_packed) + up(b_scale) + up(b_zp);
+  const size_t b_perm = p.col_perm.defined() ? p.col_perm.nbytes() : 0;
+  const size_t total = up(b_packed) + up(b_scale) + up(b_zp) + up(b_perm);
   auto owner = device_alloc(total);
   char* base = static_cast<char*>(const_cast<void*>(owner.get()));
   cudaStream_t s = cuda_detail::current_stream();
@@ -106,6 +107,7 @@ Table to_device(const Table& host) {
   d.packed = part(p.packed, 0);
   d.scale = part(p.scale, up(b_packed));
   if (b_zp || p.zero_point.defined()) d.zero_point = part(p.zero_point, up(b_packed) + up(b_scale));
+  if (p.col_perm.defined()) d.col_perm = part(p.col_perm, up(b_packed) + up(b_scale) + up(b_zp));
   QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));
   return Table::packed(std::move(d), "cuda::to_device");
 }

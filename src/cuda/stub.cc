@@ -1,5 +1,6 @@
 // Built without CUDA: the device API and the CUDA ops say so.
 #include "ops/ops_cuda.h"
+#include "ops/ops_perm.h"
 #include "qhead/cuda.h"
 #include "qhead/error.h"
 
@@ -33,5 +34,7 @@ void topk(const Table&, const TensorView&, int64_t, const TensorView&, const Ten
 void rescore(const Table&, const TensorView&, const TensorView&, const TensorView&, const TensorView&) {
   no_cuda("rescore");
 }
+void gather_columns(const TensorView&, const TensorView&, const TensorView&) { no_cuda("gather_columns"); }
+void scatter_columns(const TensorView&, const TensorView&, const TensorView&) { no_cuda("scatter_columns"); }
 }  // namespace cuda_ops
 }  // namespace qhead

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "qhead/error.h"
+#include "qhead/parallel.h"
 #include "qhead/safetensors.h"
 #include "qhead/table.h"
 
@@ -257,17 +258,195 @@ struct Resolved {
 };
 
 bool has_weight(const Files& f, const std::string& weight) {
-  return f.contains(weight) || f.contains(module_of(weight) + ".weight_packed");
+  return f.contains(weight) || f.contains(module_of(weight) + ".weight_packed") ||
+         f.contains(module_of(weight) + ".qweight");
 }
 
 const char* kPackedParts[] = {".weight_packed", ".weight_scale", ".weight_zero_point", ".weight_shape"};
+const char* kGptqParts[] = {".qweight", ".qzeros", ".scales", ".g_idx"};
 
-size_t stored_bytes(const Files& f, const std::string& weight, bool packed) {
-  if (!packed) return f.get(weight).nbytes();
+using Format = ModelInfo::Format;
+
+size_t stored_bytes(const Files& f, const std::string& weight, Format format) {
+  if (format == Format::kDense) return f.get(weight).nbytes();
   size_t b = 0;
-  for (const char* k : kPackedParts)
+  for (const char* k : format == Format::kGptq ? kGptqParts : kPackedParts)
     if (f.contains(module_of(weight) + k)) b += f.get(module_of(weight) + k).nbytes();
   return b;
+}
+
+// ---- GPTQ ----------------------------------------------------------------------
+
+// What a GPTQ quantization config says (quantization_config or quantize_config.json).
+struct GptqConfig {
+  std::string where;  // the file it came from
+  int bits = 4;
+  int group_size = 128;  // -1: one group per row
+  int version = 1;       // 1: zeros stored z − 1; 2: stored z
+  bool lm_head = false;  // whether the config claims the head is quantized
+  bool lm_head_given = false;
+};
+
+GptqConfig parse_gptq_config(const json& qc, const std::string& where) {
+  GptqConfig g;
+  g.where = where;
+  const std::string supported = "qhead reads GPTQ checkpoints with bits 2, 4 or 8, group_size -1 or a positive "
+                                "divisor of the hidden size, checkpoint_format gptq (v1) or gptq_v2";
+  if (!qc.contains("bits") || !qc["bits"].is_number_integer()) invalid(where, "quantization config has no integer \"bits\"");
+  g.bits = qc["bits"].get<int>();
+  if (g.bits != 2 && g.bits != 4 && g.bits != 8)
+    unsupported(where, "GPTQ bits " + std::to_string(g.bits) + " (3-bit GPTQ packs across words); " + supported);
+  if (qc.contains("group_size")) {
+    if (!qc["group_size"].is_number_integer()) invalid(where, "\"group_size\" is not an integer");
+    g.group_size = qc["group_size"].get<int>();
+    if (g.group_size == 0 || g.group_size < -1) invalid(where, "\"group_size\" is " + std::to_string(g.group_size));
+  }
+  // The zero-point convention: GPTQModel writes checkpoint_format (older
+  // configs: "format"); AutoGPTQ and AutoRound's GPTQ export write v1.
+  std::string fmt = "gptq";
+  for (const char* k : {"checkpoint_format", "format"})
+    if (qc.contains(k) && qc[k].is_string()) { fmt = qc[k].get<std::string>(); break; }
+  if (fmt == "gptq") g.version = 1;
+  else if (fmt == "gptq_v2") g.version = 2;
+  else unsupported(where, "GPTQ checkpoint_format \"" + fmt + "\"; " + supported);
+  if (qc.contains("lm_head") && qc["lm_head"].is_boolean()) {
+    g.lm_head = qc["lm_head"].get<bool>();
+    g.lm_head_given = true;
+  }
+  return g;
+}
+
+// Validates a GPTQ module's tensors and fills the role's scheme from them.
+// Reads qzeros (to tell symmetric from asymmetric) and g_idx (act-order).
+void inspect_gptq(const Files& f, const GptqConfig& c, const std::string& mod, ModelInfo::Role& role) {
+  const std::string file = role.file;
+  for (const char* k : {".qzeros", ".scales"})
+    if (!f.contains(mod + k)) invalid(file, "GPTQ module " + mod + " has " + mod + ".qweight but no " + mod + k);
+  if (f.contains(mod + ".bias")) unsupported(file, mod + ".bias: qhead's head has no bias term");
+  const Tensor qw = f.get(mod + ".qweight"), qz = f.get(mod + ".qzeros"), sc = f.get(mod + ".scales");
+  const int pack = 32 / c.bits;
+  if (qw.dtype() != DType::kI32 || qw.shape().size() != 2)
+    invalid(file, mod + ".qweight is " + dtype_name(qw.dtype()) + " " + shape_str(qw.shape()) + ", expected I32 [H*bits/32, V]");
+  const int64_t v = qw.size(1), h = qw.size(0) * pack;
+  if (c.group_size > 0 && h % c.group_size != 0)
+    unsupported(file, mod + ": hidden size " + std::to_string(h) + " is not a multiple of group_size " +
+                          std::to_string(c.group_size) + " (from " + c.where + ")");
+  const int64_t g = c.group_size > 0 ? h / c.group_size : 1;
+  if (!is_float_dtype(sc.dtype()) || sc.shape() != Shape{g, v})
+    invalid(file, mod + ".scales is " + dtype_name(sc.dtype()) + " " + shape_str(sc.shape()) + ", expected F16 " +
+                      shape_str({g, v}) + " (bits " + std::to_string(c.bits) + ", group_size " +
+                      std::to_string(c.group_size) + " from " + c.where + ")");
+  const int64_t zcols = (v * c.bits + 31) / 32;
+  if (qz.dtype() != DType::kI32 || qz.shape() != Shape{g, zcols})
+    invalid(file, mod + ".qzeros is " + dtype_name(qz.dtype()) + " " + shape_str(qz.shape()) + ", expected I32 " +
+                      shape_str({g, zcols}));
+  // Zero points: z = stored + (v1 ? 1 : 0) must be a b-bit code.
+  const int mid = 1 << (c.bits - 1), top = (1 << c.bits) - 1;
+  bool all_mid = true;
+  const int32_t* zp = qz.ptr<int32_t>();
+  for (int64_t gi = 0; gi < g; ++gi)
+    for (int64_t n = 0; n < v; ++n) {
+      const int z = static_cast<int>(stored_code_at(zp + gi * zcols, n, c.bits)) + (c.version == 1 ? 1 : 0);
+      if (z > top)
+        unsupported(file, mod + ".qzeros[" + std::to_string(gi) + ", row " + std::to_string(n) +
+                              "]: a v1 zero point stored as " + std::to_string(top) + " means z = " + std::to_string(z) +
+                              ", outside the " + std::to_string(c.bits) + "-bit range qhead's layout holds");
+      all_mid = all_mid && z == mid;
+    }
+  // g_idx: the group of each input column.
+  role.act_order = false;
+  if (f.contains(mod + ".g_idx")) {
+    const Tensor gi = f.get(mod + ".g_idx");
+    if (gi.dtype() != DType::kI32 || gi.shape() != Shape{h})
+      invalid(file, mod + ".g_idx is " + dtype_name(gi.dtype()) + " " + shape_str(gi.shape()) + ", expected I32 [" +
+                        std::to_string(h) + "]");
+    const int32_t* gp = gi.ptr<int32_t>();
+    std::vector<int64_t> count(static_cast<size_t>(g), 0);
+    const int64_t gl = c.group_size > 0 ? c.group_size : h;
+    for (int64_t k = 0; k < h; ++k) {
+      if (gp[k] < 0 || gp[k] >= g)
+        invalid(file, mod + ".g_idx[" + std::to_string(k) + "] = " + std::to_string(gp[k]) + " is not a group in [0, " +
+                          std::to_string(g) + ")");
+      ++count[static_cast<size_t>(gp[k])];
+      if (gp[k] != k / gl) role.act_order = true;
+    }
+    for (int64_t gi2 = 0; gi2 < g; ++gi2)
+      if (count[static_cast<size_t>(gi2)] != gl)
+        unsupported(file, mod + ".g_idx puts " + std::to_string(count[static_cast<size_t>(gi2)]) +
+                              " columns in group " + std::to_string(gi2) + "; qhead needs exactly group_size = " +
+                              std::to_string(gl) + " per group");
+  }
+  QuantScheme s;
+  s.bits = c.bits;
+  s.group_size = c.group_size > 0 ? c.group_size : -1;
+  s.symmetric = all_mid;
+  s.scale_dtype = sc.dtype();
+  role.scheme = s;
+  role.dtype = sc.dtype();
+  role.gptq_version = c.version;
+}
+
+// GPTQ tensors -> the native packed table (see model.h). Row blocks in parallel.
+Table convert_gptq(const Files& f, const ModelInfo::Role& role) {
+  const std::string mod = module_of(role.tensor);
+  const QuantScheme s = *role.scheme;
+  const int bits = s.bits, pack = 32 / bits;
+  const Tensor qw = f.get(mod + ".qweight"), qz = f.get(mod + ".qzeros"), sc = f.get(mod + ".scales");
+  const int64_t v = qw.size(1), h = qw.size(0) * pack, g = s.groups(h);
+  const int64_t zcols = qz.size(1), cols = s.packed_cols(h);  // cols == H / pack == qweight rows
+  PackedTable p;
+  p.scheme = s;
+  p.vocab = v;
+  p.hidden = h;
+  p.packed = Tensor::empty(DType::kI32, {v, cols});
+  p.scale = Tensor::empty(sc.dtype(), {v, g});
+  std::vector<int32_t> perm;
+  if (role.act_order) {  // columns sorted by group, stably: group gi holds stored columns [gi·gs, (gi+1)·gs)
+    const int32_t* gp = f.get(mod + ".g_idx").ptr<int32_t>();
+    perm.resize(static_cast<size_t>(h));
+    for (int64_t k = 0; k < h; ++k) perm[static_cast<size_t>(k)] = static_cast<int32_t>(k);
+    std::stable_sort(perm.begin(), perm.end(), [&](int32_t a, int32_t b) { return gp[a] < gp[b]; });
+    p.col_perm = Tensor::empty(DType::kI32, {h});
+    std::memcpy(p.col_perm.data(), perm.data(), perm.size() * 4);
+  }
+  const uint32_t* q = qw.ptr<uint32_t>();
+  uint32_t* out = p.packed.ptr<uint32_t>();
+  const size_t es = dtype_size(sc.dtype());
+  const char* scs = static_cast<const char*>(sc.data());
+  char* scd = static_cast<char*>(p.scale.data());
+  const uint32_t mask = (1u << bits) - 1u;
+  parallel_for(v, 64, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n) {
+      uint32_t* row = out + n * cols;
+      if (perm.empty()) {
+        // Both layouts pack `pack` consecutive columns per word, low bits first,
+        // and the stored code is q itself: a transpose of words.
+        for (int64_t i = 0; i < cols; ++i) row[i] = q[i * v + n];
+      } else {
+        for (int64_t i = 0; i < cols; ++i) {
+          uint32_t w = 0;
+          for (int j = 0; j < pack; ++j) {
+            const int64_t k = perm[static_cast<size_t>(i * pack + j)];
+            w |= ((q[(k / pack) * v + n] >> (bits * (k % pack))) & mask) << (bits * j);
+          }
+          row[i] = w;
+        }
+      }
+      for (int64_t gi = 0; gi < g; ++gi) std::memcpy(scd + (n * g + gi) * es, scs + (gi * v + n) * es, es);
+    }
+  });
+  if (!s.symmetric) {
+    const int32_t* zp = qz.ptr<int32_t>();
+    const int off = role.gptq_version == 1 ? 1 : 0, mid = 1 << (bits - 1);
+    std::vector<int8_t> z(static_cast<size_t>(v * g));
+    for (int64_t gi = 0; gi < g; ++gi)
+      for (int64_t n = 0; n < v; ++n)
+        z[static_cast<size_t>(n * g + gi)] =
+            static_cast<int8_t>(static_cast<int>(stored_code_at(zp + gi * zcols, n, bits)) + off - mid);
+    p.zero_point = Tensor::empty(DType::kI32, {(v * bits + 31) / 32, g});
+    pack_zero_points(z.data(), v, g, bits, p.zero_point.ptr<int32_t>());
+  }
+  return Table::packed(std::move(p), role.file + ": " + mod + " (converted from GPTQ)");
 }
 
 bool same_tensor_bytes(const Tensor& a, const Tensor& b) {
@@ -276,9 +455,9 @@ bool same_tensor_bytes(const Tensor& a, const Tensor& b) {
 
 // True when the two roles' stored tensors are byte-identical (dense or packed alike).
 bool same_stored(const Files& f, const ModelInfo::Role& a, const ModelInfo::Role& b) {
-  if (a.packed != b.packed) return false;
-  if (!a.packed) return same_tensor_bytes(f.get(a.tensor), f.get(b.tensor));
-  for (const char* k : kPackedParts) {
+  if (a.format != b.format) return false;
+  if (a.format == Format::kDense) return same_tensor_bytes(f.get(a.tensor), f.get(b.tensor));
+  for (const char* k : a.format == Format::kGptq ? kGptqParts : kPackedParts) {
     const std::string na = module_of(a.tensor) + k, nb = module_of(b.tensor) + k;
     if (f.contains(na) != f.contains(nb)) return false;
     if (f.contains(na) && !same_tensor_bytes(f.get(na), f.get(nb))) return false;
@@ -288,6 +467,10 @@ bool same_stored(const Files& f, const ModelInfo::Role& a, const ModelInfo::Role
 
 // {rows, cols} of a stored role (weight_shape when packed).
 std::pair<int64_t, int64_t> stored_shape(const Files& f, const ModelInfo::Role& r) {
+  if (r.format == Format::kGptq) {
+    const Tensor qw = f.get(module_of(r.tensor) + ".qweight");
+    return {qw.size(1), qw.size(0) * (32 / r.scheme->bits)};
+  }
   if (!r.packed) {
     const Tensor t = f.get(r.tensor);
     if (t.shape().size() != 2)
@@ -351,16 +534,30 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
   }
   if (head_name.empty() && fam) head_name = pick(fam->head);
 
-  // Another quantization method stores other tensors (GPTQ: qweight, qzeros, ...):
-  // say so before looking for the roles' tensors.
-  if (cfg_top.contains("quantization_config") && cfg_top["quantization_config"].is_object()) {
-    const json& qc = cfg_top["quantization_config"];
+  // The quantization method: compressed-tensors and GPTQ are read; anything
+  // else stores tensors qhead does not know, so say so before looking for them.
+  json qc;
+  std::string qc_where = cfgw;
+  if (cfg_top.contains("quantization_config") && !cfg_top["quantization_config"].is_null()) {
+    qc = cfg_top["quantization_config"];
+    if (!qc.is_object()) invalid(cfgw, "quantization_config is not an object");
+  } else if (fs::exists(dir / "quantize_config.json")) {  // AutoGPTQ's own file
+    qc_where = (dir / "quantize_config.json").string();
+    qc = read_json(dir / "quantize_config.json");
+    if (!qc.contains("quant_method")) qc["quant_method"] = "gptq";
+  }
+  std::optional<GptqConfig> gptq;
+  if (!qc.is_null()) {
     const std::string method = qc.contains("quant_method") && qc["quant_method"].is_string()
                                    ? qc["quant_method"].get<std::string>() : std::string();
-    if (method != "compressed-tensors")
-      unsupported(cfgw, "quantization_config.quant_method \"" + method + "\" is not supported (tensors " + emb_name +
-                            (head_name.empty() ? std::string() : ", " + head_name) +
-                            "); qhead reads quant_method compressed-tensors, format pack-quantized");
+    info.quant_method = method;
+    if (method == "gptq") {
+      gptq = parse_gptq_config(qc, qc_where);
+    } else if (method != "compressed-tensors") {
+      unsupported(qc_where, "quantization_config.quant_method \"" + method + "\" is not supported (tensors " + emb_name +
+                                (head_name.empty() ? std::string() : ", " + head_name) +
+                                "); qhead reads quant_method compressed-tensors (format pack-quantized) and gptq");
+    }
   }
 
   // Tie.
@@ -376,8 +573,17 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
   auto fill = [&](ModelInfo::Role& role, const std::string& name) {
     role.tensor = name;
     const std::string mod = module_of(name);
-    if (files.contains(mod + ".weight_packed")) {
+    if (files.contains(mod + ".qweight")) {
       role.packed = true;
+      role.format = Format::kGptq;
+      role.file = files.file_of(mod + ".qweight").path();
+      if (!gptq)
+        invalid(role.file, "the checkpoint stores GPTQ tensors " + mod + ".qweight ... but " + cfgw +
+                               " has no GPTQ quantization_config (nor is there a quantize_config.json) giving bits and group_size");
+      inspect_gptq(files, *gptq, mod, role);
+    } else if (files.contains(mod + ".weight_packed")) {
+      role.packed = true;
+      role.format = Format::kPackQuantized;
       role.file = files.file_of(mod + ".weight_packed").path();
       if (!files.contains(mod + ".weight_scale")) invalid(role.file, "packed " + mod + " has no " + mod + ".weight_scale");
       role.dtype = files.get(mod + ".weight_scale").dtype();
@@ -386,12 +592,15 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
       role.dtype = files.get(name).dtype();
     }
     role.stored = true;
-    role.bytes = stored_bytes(files, name, role.packed);
+    role.bytes = stored_bytes(files, name, role.format);
   };
 
   if (!has_weight(files, emb_name))
     invalid(dir_s, "no embedding tensor " + emb_name + " (nor " + module_of(emb_name) + ".weight_packed) in the checkpoint");
   fill(info.embedding, emb_name);
+  if (info.embedding.format == Format::kGptq)
+    unsupported(info.embedding.file, module_of(emb_name) + " is stored GPTQ-quantized (" + module_of(emb_name) +
+                                         ".qweight); GPTQ quantizes Linear layers only and qhead reads a GPTQ head, not a GPTQ embedding");
   const bool head_present = !head_name.empty() && head_name != emb_name && has_weight(files, head_name);
   if (head_present) {
     fill(info.head, head_name);
@@ -404,6 +613,11 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
                        (head_name.empty() ? std::string("(none named: pass --head-tensor)") : head_name) +
                        " (nor its .weight_packed) in the checkpoint");
   }
+  if (info.tied && head_present && info.head.format == Format::kGptq)
+    invalid(dir_s, "config.json says tie_word_embeddings is true but " + module_of(info.head.tensor) +
+                       " is stored GPTQ-quantized while " + info.embedding.tensor +
+                       " is dense: a tied model must store one table (set tie_word_embeddings to false if the "
+                       "head was quantized on its own)");
   if (info.tied && head_present && !same_stored(files, info.embedding, info.head))
     invalid(dir_s, "config.json says tie_word_embeddings is true but the checkpoint stores different " +
                        info.embedding.tensor + " and " + info.head.tensor + " (a tied model must store one table, or two identical ones)");
@@ -428,9 +642,19 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
   }
 
   // Quantization config.
-  if (cfg_top.contains("quantization_config") && !cfg_top["quantization_config"].is_null()) {
-    const json& qc = cfg_top["quantization_config"];
-    if (!qc.is_object()) invalid(cfgw, "quantization_config is not an object");
+  if (gptq) {
+    for (ModelInfo::Role* role : {&info.embedding, &info.head}) {
+      if (role->format == Format::kPackQuantized)
+        invalid(role->file, "the checkpoint stores compressed-tensors " + module_of(role->tensor) +
+                                ".weight_packed but its quantization config (" + qc_where + ") is GPTQ");
+    }
+    if (head_present && info.head.format == Format::kGptq && gptq->lm_head_given && !gptq->lm_head)
+      invalid(info.head.file, "the checkpoint stores " + module_of(info.head.tensor) + ".qweight but " + qc_where +
+                                  " says lm_head: false");
+    if (head_present && info.head.format == Format::kDense && gptq->lm_head_given && gptq->lm_head)
+      invalid(info.head.file, qc_where + " says lm_head: true but the checkpoint stores " + info.head.tensor +
+                                  " dense (no " + module_of(info.head.tensor) + ".qweight)");
+  } else if (!qc.is_null()) {
     info.compressed_tensors = true;
     auto decide = [&](ModelInfo::Role& role, const char* cls) {
       const auto grp = match_group(qc, module_of(role.tensor), cls, cfgw);
@@ -461,7 +685,7 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
     }
   } else {
     for (ModelInfo::Role* role : {&info.embedding, &info.head})
-      if (role->stored && role->packed)
+      if (role->stored && role->format == Format::kPackQuantized)
         invalid(role->file, "the checkpoint stores " + module_of(role->tensor) + ".weight_packed but " + cfgw +
                                 " has no quantization_config (qhead needs its scheme)");
   }
@@ -479,7 +703,8 @@ Resolved resolve(const std::string& dir, const ModelOverrides& ov) {
 }
 
 Table load_role(const Files& f, const ModelInfo::Role& role) {
-  if (!role.packed) return Table::dense(f.get(role.tensor));
+  if (role.format == Format::kDense) return Table::dense(f.get(role.tensor));
+  if (role.format == Format::kGptq) return convert_gptq(f, role);
   const std::string mod = module_of(role.tensor);
   // All parts in one file: load_packed validates and views them in place.
   const SafetensorsFile& first = f.file_of(mod + ".weight_packed");

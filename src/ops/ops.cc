@@ -1,10 +1,12 @@
 // Argument checks and the single dispatch point of every op.
 #include "qhead/ops.h"
 
+#include <cstring>
 #include <limits>
 #include <string>
 
 #include "ops/ops_cuda.h"
+#include "ops/ops_perm.h"
 #include "qhead/cuda.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops_ref.h"
@@ -70,7 +72,37 @@ Tensor alloc(const Table& t, DType dtype, Shape shape) {
   return t.device() == Device::kCUDA ? cuda::empty(dtype, std::move(shape)) : Tensor::empty(dtype, std::move(shape));
 }
 
+// A table stored in permuted column order (GPTQ act-order): the backends run
+// on its stored order, x's columns are permuted to match.
+Tensor permuted_x(const Table& t, const TensorView& x) {
+  Tensor xp = alloc(t, x.dtype, x.shape);
+  gather_columns(x, t.packed().col_perm.view(), xp.view());
+  return xp;
+}
+
 }  // namespace
+
+void gather_columns(const TensorView& src, const TensorView& perm, const TensorView& dst) {
+  if (src.device == Device::kCUDA) return cuda_ops::gather_columns(src, perm, dst);
+  const int64_t m = src.size(0), h = src.size(1);
+  const size_t es = dtype_size(src.dtype);
+  const int32_t* p = perm.ptr<const int32_t>();
+  const char* s = static_cast<const char*>(src.data);
+  char* d = static_cast<char*>(dst.data);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < h; ++j) std::memcpy(d + (r * h + j) * es, s + (r * h + p[j]) * es, es);
+}
+
+void scatter_columns(const TensorView& src, const TensorView& perm, const TensorView& dst) {
+  if (src.device == Device::kCUDA) return cuda_ops::scatter_columns(src, perm, dst);
+  const int64_t m = src.size(0), h = src.size(1);
+  const size_t es = dtype_size(src.dtype);
+  const int32_t* p = perm.ptr<const int32_t>();
+  const char* s = static_cast<const char*>(src.data);
+  char* d = static_cast<char*>(dst.data);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < h; ++j) std::memcpy(d + (r * h + p[j]) * es, s + (r * h + j) * es, es);
+}
 
 void embed(const Table& table, const TensorView& ids, const TensorView& out, Backend backend) {
   const char* op = "embed";
@@ -81,6 +113,12 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out, Bac
   if (!is_float_dtype(out.dtype)) fail(op, std::string("out must be F32/F16/BF16, got ") + dtype_name(out.dtype));
   if (out.shape != Shape{ids.size(0), table.hidden()})
     fail(op, "out must have shape " + shape_str({ids.size(0), table.hidden()}) + ", got " + shape_str(out.shape));
+  if (table.has_col_perm()) {  // gather in stored order, then put the columns back
+    Tensor rows = alloc(table, out.dtype, out.shape);
+    embed(table.stored_order(), ids, rows.view(), backend);
+    scatter_columns(rows.view(), table.packed().col_perm.view(), out);
+    return;
+  }
   if (table.device() == Device::kCUDA) return cuda_ops::embed(table, ids, out);
   switch (backend) {
     case Backend::kAuto:
@@ -106,6 +144,7 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
   check_table(table, op);
   check_x(table, x, op);
   check_out(out, table.device(), DType::kF32, {x.size(0), table.vocab()}, op, "out");
+  if (table.has_col_perm()) return logits(table.stored_order(), permuted_x(table, x).view(), out, backend);
   if (table.device() == Device::kCUDA) return cuda_ops::logits(table, x, out, backend);
   switch (backend) {
     case Backend::kFallbackBlas:
@@ -143,6 +182,7 @@ void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   check_out(values, table.device(), DType::kF32, {m, k}, op, "values");
   check_out(ids, table.device(), DType::kI32, {m, k}, op, "ids");
   check_out(lse, table.device(), DType::kF32, {m}, op, "logsumexp");
+  if (table.has_col_perm()) return topk(table.stored_order(), permuted_x(table, x).view(), k, values, ids, lse, backend);
   if (table.device() == Device::kCUDA)
     return cuda_ops::topk(table, x, k, values, ids, lse, backend);
   switch (backend) {

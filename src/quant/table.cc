@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "qhead/error.h"
@@ -50,12 +51,25 @@ void PackedTable::validate(const std::string& where) const {
     expect_tensor(zero_point, DType::kI32, {(vocab * scheme.bits + 31) / 32, g}, where,
                   "weight_zero_point");
   }
+  if (col_perm.defined()) expect_tensor(col_perm, DType::kI32, {hidden}, where, "col_perm");
   if (packed.view().device != scale.view().device ||
-      (zero_point.defined() && zero_point.view().device != packed.view().device))
-    bad(where, "weight_packed, weight_scale and weight_zero_point must be on one device");
+      (zero_point.defined() && zero_point.view().device != packed.view().device) ||
+      (col_perm.defined() && col_perm.view().device != packed.view().device))
+    bad(where, "weight_packed, weight_scale, weight_zero_point and col_perm must be on one device");
   // Scales must be finite: a NaN/Inf scale poisons every logit of its row.
   // (Device tables are validated on the host before they are copied.)
   if (packed.view().device != Device::kCPU) return;
+  if (col_perm.defined()) {
+    std::vector<uint8_t> seen(static_cast<size_t>(hidden), 0);
+    const int32_t* p = col_perm.ptr<int32_t>();
+    for (int64_t j = 0; j < hidden; ++j) {
+      if (p[j] < 0 || p[j] >= hidden || seen[static_cast<size_t>(p[j])])
+        bad(where, "col_perm[" + std::to_string(j) + "] = " + std::to_string(p[j]) +
+                       (p[j] < 0 || p[j] >= hidden ? " is out of range" : " repeats an earlier entry") +
+                       " (col_perm must be a permutation of 0.." + std::to_string(hidden - 1) + ")");
+      seen[static_cast<size_t>(p[j])] = 1;
+    }
+  }
   const int64_t n = scale.numel();
   for (int64_t i = 0; i < n; ++i) {
     const float s = load_as_f32(scale.data(), scale.dtype(), i);
@@ -66,7 +80,8 @@ void PackedTable::validate(const std::string& where) const {
 }
 
 size_t PackedTable::nbytes() const {
-  return packed.nbytes() + scale.nbytes() + (zero_point.defined() ? zero_point.nbytes() : 0);
+  return packed.nbytes() + scale.nbytes() + (zero_point.defined() ? zero_point.nbytes() : 0) +
+         (col_perm.defined() ? col_perm.nbytes() : 0);
 }
 
 void PackedTable::dequantize_row(int64_t v, float* out) const {
@@ -74,11 +89,12 @@ void PackedTable::dequantize_row(int64_t v, float* out) const {
   const int64_t g = scheme.groups(hidden);
   const int64_t gl = scheme.group_len(hidden);
   const int32_t* row = packed.ptr<int32_t>() + v * cols;
+  const int32_t* perm = col_perm.defined() ? col_perm.ptr<int32_t>() : nullptr;
   for (int64_t k = 0; k < g; ++k) {
     const float s = load_as_f32(scale.data(), scale.dtype(), v * g + k);
     const int z = scheme.symmetric ? 0 : zero_point_at(zero_point.ptr<int32_t>(), g, v, k, scheme.bits);
     for (int64_t j = k * gl; j < (k + 1) * gl; ++j)
-      out[j] = static_cast<float>(code_at(row, j, scheme.bits) - z) * s;  // exact in f32
+      out[perm ? perm[j] : j] = static_cast<float>(code_at(row, j, scheme.bits) - z) * s;  // exact in f32
   }
 }
 
@@ -101,6 +117,13 @@ Table Table::dense(Tensor weight) {
 Table Table::packed(PackedTable p, const std::string& where) {
   p.validate(where);
   Table t;
+  if (p.col_perm.defined()) {
+    PackedTable plain = p;  // shares the tensors' storage
+    plain.col_perm = Tensor();
+    auto s = std::make_shared<Table>();
+    s->packed_ = std::make_shared<const PackedTable>(std::move(plain));
+    t.stored_ = std::move(s);
+  }
   t.packed_ = std::make_shared<const PackedTable>(std::move(p));
   return t;
 }
@@ -270,6 +293,10 @@ Table load_packed(const SafetensorsFile& file, const std::string& prefix, std::o
 }
 
 void add_packed(SafetensorsWriter& w, const std::string& prefix, const PackedTable& t, Tensor& shape_store) {
+  if (t.col_perm.defined())
+    throw Error(ErrorCode::kUnsupported, prefix,
+                "the table's columns are stored permuted (GPTQ act-order); pack-quantized without actorder "
+                "cannot express that: dequantize and requantize it (qhead quantize --requantize)");
   shape_store = Tensor::empty(DType::kI64, {2});
   shape_store.ptr<int64_t>()[0] = t.vocab;
   shape_store.ptr<int64_t>()[1] = t.hidden;
