@@ -232,8 +232,11 @@ TEST_F(TempModel, UntiedWithoutHead) {
 
 TEST_F(TempModel, UnknownQuantMethod) {
   copy("untied");
-  edit_config([](json& j) { j["quantization_config"]["quant_method"] = "gptq"; });
-  expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"quant_method \"gptq\"", "compressed-tensors"});
+  edit_config([](json& j) { j["quantization_config"]["quant_method"] = "awq"; });
+  expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"quant_method \"awq\"", "compressed-tensors", "gptq"});
+  // A GPTQ config over compressed-tensors tensors: the tensors and the config disagree.
+  edit_config([](json& j) { j["quantization_config"] = {{"quant_method", "gptq"}, {"bits", 4}, {"group_size", 32}}; });
+  expect_error([&] { inspect_model(dir()); }, ErrorCode::kInvalidFile, {"weight_packed", "is GPTQ"});
 }
 
 TEST_F(TempModel, UnsupportedSchemes) {
@@ -253,7 +256,12 @@ TEST_F(TempModel, UnsupportedSchemes) {
   with([&](json& q) { q["config_groups"][head_group]["weights"]["num_bits"] = 16; });
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"lm_head.weight", "num_bits is 16", "2..8"});
   with([&](json& q) { q["config_groups"][head_group]["weights"]["actorder"] = "group"; });
-  expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"lm_head.weight", "actorder"});
+  expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"lm_head.weight", "actorder", "\"weight\""});
+  // actorder "weight"/"static" changed only the calibration order: the stored format is the plain one.
+  for (const char* order : {"weight", "static"}) {
+    with([&](json& q) { q["config_groups"][head_group]["weights"]["actorder"] = order; });
+    EXPECT_EQ(*inspect_model(dir()).head.scheme, scheme(8, -1, false)) << order;
+  }
   with([&](json& q) { q["config_groups"][head_group]["weights"]["strategy"] = "tensor"; });
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"lm_head.weight", "strategy is \"tensor\""});
   // Wrong JSON types are a malformed config, not a crash or a foreign exception.

@@ -28,7 +28,8 @@
 // Python's re.match), then class names — picks the group. The embedding is a
 // class `Embedding` module, the head a `Linear`; module names are the weight
 // names without `.weight`. Anything else (another quant_method or format, float
-// types, bits outside 2..8, strategies other than group/channel, actorder) is
+// types, bits outside 2..8, strategies other than group/channel, actorder
+// "group" — "weight"/"static" only reordered calibration and are read) is
 // kUnsupported naming the tensor, what was found and what is supported.
 //
 // GPTQ (quant_method `gptq`, AutoGPTQ/GPTQModel/AutoRound's GPTQ export; or

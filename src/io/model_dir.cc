@@ -220,7 +220,7 @@ std::optional<QuantScheme> scheme_of(const json& qc, const CtGroup& grp, const s
   if (!w.is_object()) invalid(where, key + ".weights is not an object");
   const std::string supported =
       "qhead reads compressed-tensors format pack-quantized with weights type int, num_bits 2..8, "
-      "strategy group or channel, no actorder";
+      "strategy group or channel, actorder none or \"weight\"";
   if (format != "pack-quantized")
     unsupported(where, tensor + " is quantized by " + key + " in format \"" + format + "\"; " + supported);
   const std::string type = w.value("type", std::string("int"));
@@ -230,7 +230,10 @@ std::optional<QuantScheme> scheme_of(const json& qc, const CtGroup& grp, const s
   const int bits = w["num_bits"].get<int>();
   if (bits < 2 || bits > 8)
     unsupported(where, tensor + ": " + key + ".weights.num_bits is " + std::to_string(bits) + "; " + supported);
-  if (w.contains("actorder") && !w["actorder"].is_null() && w["actorder"] != false)
+  // actorder "weight" (alias "static") only changed the calibration order: the
+  // stored format is the plain one. "group" (alias "dynamic") needs a g_idx.
+  if (w.contains("actorder") && !w["actorder"].is_null() && w["actorder"] != false &&
+      w["actorder"] != "weight" && w["actorder"] != "static")
     unsupported(where, tensor + ": " + key + ".weights.actorder is " + w["actorder"].dump() + "; " + supported);
   if (w.value("dynamic", json(false)) != json(false))
     unsupported(where, tensor + ": " + key + ".weights.dynamic is " + w["dynamic"].dump() + "; " + supported);
