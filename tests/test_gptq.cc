@@ -435,3 +435,87 @@ TEST(Gptq, BadPermutationRejected) {
 
 }  // namespace
 }  // namespace qhead
+
+// ---- checkpoints written by the real tools (tests/fixtures/gptq, made by
+// scripts/make_gptq_fixtures.py with AutoRound 0.16.1 and GPTQModel 7.7.0) ----
+
+namespace qhead {
+namespace {
+
+struct ToolFixture {
+  const char* dir;
+  int bits, group;
+  bool sym;
+  int version;
+  bool act_order;
+  int64_t vocab;
+};
+
+class GptqToolFixture : public ::testing::TestWithParam<ToolFixture> {};
+
+TEST_P(GptqToolFixture, MatchesTheToolsOwnDequantization) {
+  const ToolFixture& f = GetParam();
+  const std::string dir = std::string(QHEAD_FIXTURE_DIR) + "/gptq/" + f.dir;
+  ModelInfo m;
+  const TokenTables t = load_model_tables(dir, {}, &m);
+  EXPECT_EQ(m.quant_method, "gptq");
+  EXPECT_FALSE(m.tied);
+  EXPECT_EQ(m.vocab, f.vocab);
+  EXPECT_EQ(m.hidden, 128);
+  EXPECT_EQ(m.head.format, ModelInfo::Format::kGptq);
+  EXPECT_EQ(m.head.gptq_version, f.version);
+  EXPECT_EQ(m.head.act_order, f.act_order);
+  ASSERT_TRUE(m.head.scheme);
+  EXPECT_EQ(*m.head.scheme, (QuantScheme{f.bits, f.group, f.sym, DType::kF16}));
+  EXPECT_EQ(t.head.has_col_perm(), f.act_order);
+
+  const SafetensorsFile e = SafetensorsFile::open(dir + "/expected.safetensors");
+  const Tensor exact = e.get("lm_head.dequant_numpy");  // GPTQ's formula in f32 (exact)
+  const Tensor tool = e.get("lm_head.dequant");         // the tool's own dequant, computed in f16
+  const Tensor emb = e.get("embed_tokens");
+  ASSERT_EQ(exact.shape(), (Shape{f.vocab, 128}));
+  const Tensor mine = t.head.to_dense_f32();
+  EXPECT_EQ(std::memcmp(mine.data(), exact.data(), exact.nbytes()), 0) << "not bit-identical to the formula";
+  // The tools multiply in f16: one rounding, half an f16 ulp of the exact value
+  // (2^-11 relative; 2^-25 absolute below f16's normal range).
+  int64_t bad = 0;
+  for (int64_t i = 0; i < mine.numel(); ++i) {
+    const double a = mine.ptr<float>()[i], b = tool.ptr<float>()[i];
+    if (!(std::fabs(a - b) <= std::max(std::fabs(a) * std::ldexp(1.0, -11), std::ldexp(1.0, -25))))
+      if (++bad <= 3) ADD_FAILURE() << "element " << i << ": qhead " << a << ", tool " << b;
+  }
+  EXPECT_EQ(bad, 0);
+  const Tensor emb_mine = t.embedding.to_dense_f32();
+  EXPECT_EQ(std::memcmp(emb_mine.data(), emb.data(), emb.nbytes()), 0) << "embedding";
+  // And the ops on the converted head (act-order included) against the formula.
+  check_ops(t.head, qt::to_f32(exact.view()), Backend::kAuto, false, 5);
+  if (cuda::available()) check_ops(t.head, qt::to_f32(exact.view()), Backend::kAuto, true, 6);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tools, GptqToolFixture,
+    ::testing::Values(ToolFixture{"autoround_w4g32_asym", 4, 32, false, 1, false, 320},
+                      ToolFixture{"autoround_w8pc_sym", 8, -1, true, 1, false, 160},
+                      ToolFixture{"gptqmodel_w4g32_actorder_asym", 4, 32, false, 1, true, 320},
+                      ToolFixture{"gptqmodel_w4g32_actorder_asym_v300", 4, 32, false, 1, true, 300},
+                      ToolFixture{"gptqmodel_w8g64_sym_v2", 8, 64, true, 2, false, 160}),
+    [](const ::testing::TestParamInfo<ToolFixture>& i) { return std::string(i.param.dir); });
+
+// GPTQModel's `dynamic` rules decide the head's scheme; "-:" excludes it.
+TEST(GptqDynamic, RulesOverrideAndExclude) {
+  TempDir d;
+  const GptqCase c{4, 32, true, 1, false, 50, 128};
+  write_gptq_model(d.path, c, 21, [](json& cfg) {
+    cfg["quantization_config"]["bits"] = 8;
+    cfg["quantization_config"]["group_size"] = 128;
+    cfg["quantization_config"]["dynamic"] = {{"+:.*lm_head.*", {{"bits", 4}, {"group_size", 32}}}};
+  });
+  const ModelInfo m = inspect_model(d.path.string());
+  EXPECT_EQ(*m.head.scheme, (QuantScheme{4, 32, false, DType::kF16}));
+  TempDir d2;
+  write_gptq_model(d2.path, c, 21, [](json& cfg) { cfg["quantization_config"]["dynamic"] = {{"-:lm_head", json::object()}}; });
+  expect_error([&] { inspect_model(d2.path.string()); }, ErrorCode::kInvalidFile, {"dynamic rules exclude lm_head"});
+}
+
+}  // namespace
+}  // namespace qhead

@@ -45,6 +45,9 @@
 //   g_idx    I32 [H]           group of each input column (optional)
 //   w[v, k] = scales[g_idx[k], v] · (q[k, v] − z[g_idx[k], v])
 //
+// bits and group_size come from the config, overridden per module by its
+// `dynamic` rules (GPTQModel/AutoRound: regex → {bits, group_size, ...}, "-:"
+// excludes; first match in file order, re.match semantics).
 // It is converted at load into the native layout (a copy: the codes
 // transposed to rows, scales transposed, zero points repacked along V; bits
 // 2, 4 and 8). Symmetric when every zero is 2^(b-1) (what GPTQ's sym stores),

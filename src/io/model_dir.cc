@@ -288,7 +288,60 @@ struct GptqConfig {
   int version = 1;       // 1: zeros stored z − 1; 2: stored z
   bool lm_head = false;  // whether the config claims the head is quantized
   bool lm_head_given = false;
+  // GPTQModel/AutoRound per-module overrides, in file order: a pattern
+  // ("+:" optional, "-:" = not quantized) matched with Python's re.match
+  // against the module name; the first match wins.
+  std::vector<std::pair<std::string, json>> dynamic;
+
+  // The config for `module` after the dynamic overrides; nullopt when a "-:"
+  // rule excludes it.
+  std::optional<GptqConfig> for_module(const std::string& module) const;
 };
+
+std::optional<GptqConfig> GptqConfig::for_module(const std::string& module) const {
+  for (const auto& [pattern, rule] : dynamic) {
+    const bool negative = pattern.rfind("-:", 0) == 0;
+    const std::string re = (negative || pattern.rfind("+:", 0) == 0) ? pattern.substr(2) : pattern;
+    if (!regex_match_start(re, module, where)) continue;
+    if (negative) return std::nullopt;
+    GptqConfig c = *this;
+    c.dynamic.clear();
+    if (!rule.is_object()) invalid(where, "dynamic[\"" + pattern + "\"] is not an object");
+    if (rule.contains("bits")) {
+      if (!rule["bits"].is_number_integer()) invalid(where, "dynamic[\"" + pattern + "\"].bits is not an integer");
+      c.bits = rule["bits"].get<int>();
+      if (c.bits != 2 && c.bits != 4 && c.bits != 8)
+        unsupported(where, "GPTQ bits " + std::to_string(c.bits) + " for " + module + " (dynamic[\"" + pattern +
+                               "\"]); qhead reads GPTQ bits 2, 4 or 8");
+    }
+    if (rule.contains("group_size")) {
+      if (!rule["group_size"].is_number_integer()) invalid(where, "dynamic[\"" + pattern + "\"].group_size is not an integer");
+      c.group_size = rule["group_size"].get<int>();
+      if (c.group_size == 0 || c.group_size < -1) invalid(where, "dynamic[\"" + pattern + "\"].group_size is " + std::to_string(c.group_size));
+    }
+    return c;
+  }
+  return *this;
+}
+
+// The "dynamic" rules of a quantization config in file order (nlohmann::json
+// sorts object keys; the first matching rule must win as in GPTQModel).
+std::vector<std::pair<std::string, json>> dynamic_rules(const fs::path& file, bool nested) {
+  std::ifstream in(file);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(ss.str(), nullptr, false);
+  std::vector<std::pair<std::string, json>> out;
+  if (j.is_discarded()) return out;
+  const nlohmann::ordered_json* q = &j;
+  if (nested) {
+    if (!j.contains("quantization_config")) return out;
+    q = &j["quantization_config"];
+  }
+  if (!q->is_object() || !q->contains("dynamic") || !(*q)["dynamic"].is_object()) return out;
+  for (const auto& [k, v] : (*q)["dynamic"].items()) out.emplace_back(k, json::parse(v.dump()));
+  return out;
+}
 
 GptqConfig parse_gptq_config(const json& qc, const std::string& where) {
   GptqConfig g;
@@ -556,6 +609,7 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
     info.quant_method = method;
     if (method == "gptq") {
       gptq = parse_gptq_config(qc, qc_where);
+      gptq->dynamic = dynamic_rules(qc_where, qc_where == cfgw);
     } else if (method != "compressed-tensors") {
       unsupported(qc_where, "quantization_config.quant_method \"" + method + "\" is not supported (tensors " + emb_name +
                                 (head_name.empty() ? std::string() : ", " + head_name) +
@@ -583,7 +637,11 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
       if (!gptq)
         invalid(role.file, "the checkpoint stores GPTQ tensors " + mod + ".qweight ... but " + cfgw +
                                " has no GPTQ quantization_config (nor is there a quantize_config.json) giving bits and group_size");
-      inspect_gptq(files, *gptq, mod, role);
+      const std::optional<GptqConfig> mc = gptq->for_module(mod);
+      if (!mc)
+        invalid(role.file, "the checkpoint stores " + mod + ".qweight but " + qc_where +
+                               "'s dynamic rules exclude " + mod + " from quantization");
+      inspect_gptq(files, *mc, mod, role);
     } else if (files.contains(mod + ".weight_packed")) {
       role.packed = true;
       role.format = Format::kPackQuantized;
