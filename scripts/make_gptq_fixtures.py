@@ -299,6 +299,13 @@ def main():
     ap.add_argument("--expected-only", action="store_true", help="recompute expected.safetensors only")
     ap.add_argument("--_child", nargs=3, metavar=("NAME", "BASE", "OUT"), help=argparse.SUPPRESS)
     a = ap.parse_args()
+    # GPTQModel writes its logs into ./logs: keep them out of the repository
+    # (paths made absolute first, then run from the work directory).
+    a.out, a.work = os.path.abspath(a.out), os.path.abspath(a.work)
+    if a._child:
+        a._child = [a._child[0]] + [os.path.abspath(p) for p in a._child[1:]]
+    os.makedirs(a.work, exist_ok=True)
+    os.chdir(a.work)
     torch.set_num_threads(2)
 
     if a._child:
