@@ -4,13 +4,22 @@
 // (NAME' = NAME without a trailing ".weight"); every other tensor and the
 // metadata are copied unchanged. The output is written atomically and never
 // over the input.
+//
+// qhead quantize MODEL_DIR --embedding S --head S -o OUT_DIR: the same for a
+// Hugging Face model directory's two roles, writing a compressed-tensors model
+// directory (write_quantized_model, qhead/model_write.h), with progress bars on
+// a terminal.
 #include <fmt/format.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "progress.h"
 #include "qhead/error.h"
+#include "qhead/model_write.h"
 #include "qhead/quantize.h"
 #include "qhead/safetensors.h"
 
@@ -25,9 +34,86 @@ DType parse_scale_dtype(const std::string& s) {
   throw Error(ErrorCode::kInvalidArgument, "quantize", "--scale-dtype must be f16, bf16 or f32, got " + s);
 }
 
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+bool looks_gguf(const std::string& path) {
+  if (ends_with(path, ".gguf")) return true;
+  std::ifstream in(path, std::ios::binary);
+  char m[4] = {};
+  return in.read(m, 4) && std::string(m, 4) == "GGUF";
+}
+
+nlohmann::json role_json(const ModelWriteReport::Role& r) {
+  nlohmann::json j = {{"tensor", r.tensor},           {"module", r.module},
+                      {"action", r.action},           {"before", r.before},
+                      {"bytes_before", r.bytes_before}, {"bytes_after", r.bytes_after},
+                      {"seconds", r.seconds},         {"file", r.file}};
+  if (r.scheme) {
+    j["scheme"] = r.scheme->name();
+    j["scale_dtype"] = dtype_name(r.scheme->scale_dtype);
+    j["bits"] = r.scheme->bits;
+    j["group_size"] = r.scheme->group_size;
+    j["symmetric"] = r.scheme->symmetric;
+  } else {
+    j["scheme"] = nullptr;
+  }
+  return j;
+}
+
 }  // namespace
 
+nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
+  if (std::filesystem::is_directory(a.input) && (!a.tensor.empty() || !a.scheme.empty()))
+    throw Error(ErrorCode::kInvalidArgument, "quantize",
+                a.input + " is a model directory: give --embedding SCHEME and/or --head SCHEME (--tensor/--scheme "
+                          "select one tensor of a .safetensors file)");
+  ModelWriteOptions o;
+  o.embedding_scheme = a.embedding;
+  o.head_scheme = a.head;
+  if (a.scale_dtype) o.scale_dtype = parse_scale_dtype(*a.scale_dtype);
+  o.requantize = a.requantize;
+  o.force = a.force;
+  o.threads = a.threads;
+  o.overrides = {a.embedding_tensor, a.head_tensor};
+  ProgressBar bar(progress && !a.json && ProgressBar::stderr_is_tty());
+  o.progress = [&](const ModelWriteProgress& p) {
+    const bool q = p.stage == ModelWriteProgress::Stage::kQuantize;
+    bar.update((q ? "quantize " : "copy ") + p.what, p.done, p.total, q ? "rows" : "bytes");
+  };
+  const ModelWriteReport r = write_quantized_model(a.input, a.output, o);
+  bar.done();
+  nlohmann::json notes = nlohmann::json::array();
+  if (!r.tied && r.embedding.scheme && r.head.scheme &&
+      r.embedding.scheme->name() != r.head.scheme->name())
+    notes.push_back("the roles have different schemes (two config groups): compressed-tensors' own load path reads "
+                    "them, but transformers 5.24's from_pretrained decompresses every module with the first group's "
+                    "scheme and may fail or load wrong values (scripts/verify_ct_model.py)");
+  return {{"input", r.input_dir},
+          {"output", r.output_dir},
+          {"architecture", r.architecture},
+          {"vocab", r.vocab},
+          {"hidden", r.hidden},
+          {"tied", r.tied},
+          {"roles", {{"embedding", role_json(r.embedding)}, {"head", role_json(r.head)}}},
+          {"rewritten_files", r.rewritten_files},
+          {"copied_files", r.copied_files},
+          {"tensors_checked", r.tensors_checked},
+          {"verified", r.verified},
+          {"seconds", r.seconds},
+          {"notes", notes}};
+}
+
 nlohmann::json quantize_file(const QuantizeArgs& a) {
+  if (a.embedding || a.head || a.requantize || a.force || !a.embedding_tensor.empty() || !a.head_tensor.empty())
+    throw Error(ErrorCode::kInvalidArgument, "quantize",
+                a.input + " is a file: --embedding/--head/--requantize/--force/--embedding-tensor/--head-tensor "
+                          "are for a model directory; for a .safetensors file give --tensor NAME --scheme SCHEME");
+  if (a.tensor.empty() || a.scheme.empty())
+    throw Error(ErrorCode::kInvalidArgument, "quantize",
+                a.input + " is a file: give --tensor NAME and --scheme SCHEME (or a model directory with "
+                          "--embedding/--head)");
   const SafetensorsFile in = SafetensorsFile::open(a.input);
   if (!in.contains(a.tensor))
     throw Error(ErrorCode::kInvalidArgument, "quantize",
@@ -73,7 +159,55 @@ nlohmann::json quantize_file(const QuantizeArgs& a) {
           {"seconds", secs}};
 }
 
+namespace {
+
+void print_model_summary(const nlohmann::json& j) {
+  fmt::print("{} -> {} ({}, vocab {} x hidden {}, {})\n", j["input"].get<std::string>(), j["output"].get<std::string>(),
+             j["architecture"].get<std::string>(), j["vocab"].get<int64_t>(), j["hidden"].get<int64_t>(),
+             j["tied"].get<bool>() ? "tied: one table for both roles" : "untied");
+  for (const char* role : {"embedding", "head"}) {
+    const auto& r = j["roles"][role];
+    const std::string action = r["action"].get<std::string>();
+    const double before = r["bytes_before"].get<double>(), after = r["bytes_after"].get<double>();
+    if (action == "shared") {
+      fmt::print("  {:<10} {:<28} shares the embedding's table{}\n", role, r["module"].get<std::string>(),
+                 before > 0 ? fmt::format(" (its stored copy, {}, dropped)", human_bytes(before)) : std::string());
+      continue;
+    }
+    const std::string now = r["scheme"].is_null()
+                                ? r["before"].get<std::string>()
+                                : fmt::format("{} ({} scales)", r["scheme"].get<std::string>(),
+                                              r["scale_dtype"].get<std::string>());
+    if (action == "kept") {
+      fmt::print("  {:<10} {:<28} kept: {}, {}\n", role, r["module"].get<std::string>(), now, human_bytes(before));
+      continue;
+    }
+    fmt::print("  {:<10} {:<28} {} -> {}: {} -> {} ({:.2f}x) in {:.2f} s{}\n", role, r["module"].get<std::string>(),
+               r["before"].get<std::string>(), now, human_bytes(before), human_bytes(after),
+               after > 0 ? before / after : 0.0, r["seconds"].get<double>(),
+               action == "requantized" ? " (requantized from its dequantized values)" : "");
+  }
+  std::string rewritten, copied;
+  for (const auto& f : j["rewritten_files"]) rewritten += (rewritten.empty() ? "" : ", ") + f.get<std::string>();
+  for (const auto& f : j["copied_files"]) copied += (copied.empty() ? "" : ", ") + f.get<std::string>();
+  fmt::print("  rewrote {}; copied {} file(s){}\n", rewritten, j["copied_files"].size(),
+             copied.empty() ? std::string() : " (" + copied + ")");
+  fmt::print("  checked: re-opened {}: roles load as quantized, all {} tensors equal what was written (others "
+             "byte-identical to the input); {:.2f} s\n",
+             j["output"].get<std::string>(), j["tensors_checked"].get<int64_t>(), j["seconds"].get<double>());
+  for (const auto& n : j["notes"]) fmt::print("  note: {}\n", n.get<std::string>());
+}
+
+}  // namespace
+
 int run_quantize(const QuantizeArgs& a) {
+  if (std::filesystem::is_directory(a.input) || looks_gguf(a.input)) {
+    // A GGUF file goes to the library, which says what it takes instead.
+    const nlohmann::json j = quantize_model_dir(a, /*progress=*/true);
+    if (a.json) fmt::print("{}\n", j.dump(2));
+    else print_model_summary(j);
+    return 0;
+  }
   const nlohmann::json j = quantize_file(a);
   if (a.json) {
     fmt::print("{}\n", j.dump(2));

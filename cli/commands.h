@@ -21,18 +21,31 @@ struct InspectArgs {
 };
 int run_inspect(const InspectArgs& a);
 
+// qhead quantize: one tensor of a safetensors file (input is a file: --tensor,
+// --scheme), or a model directory's roles (input is a directory: --embedding
+// and/or --head; qhead/model_write.h).
 struct QuantizeArgs {
   std::string input;
-  std::string tensor;
-  std::string scheme;
+  std::string tensor;  // file mode
+  std::string scheme;  // file mode
   std::string output;
   std::optional<std::string> scale_dtype;  // "f16" | "bf16" | "f32"; default: the input's
   int threads = 0;
   bool json = false;
+  // Model-directory mode.
+  std::optional<std::string> embedding = std::nullopt;  // scheme for the embedding
+  std::optional<std::string> head = std::nullopt;       // scheme for the head
+  bool requantize = false;               // allow a scheme on an already quantized role
+  bool force = false;                    // replace a non-empty output directory
+  std::string embedding_tensor = "";     // role tensor overrides
+  std::string head_tensor = "";
 };
 int run_quantize(const QuantizeArgs& a);
-// The work of `qhead quantize` without printing; returns its JSON summary.
+// The work of `qhead quantize` in file mode without printing; its JSON summary.
 nlohmann::json quantize_file(const QuantizeArgs& a);
+// The work of `qhead quantize` in model-directory mode (progress bars when
+// `progress` and stderr is a terminal); its JSON summary.
+nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress);
 
 struct DemoArgs {
   std::string workdir;  // where the dense and packed files go (default: temp dir)

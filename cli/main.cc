@@ -24,15 +24,26 @@ int main(int argc, char** argv) {
 
   QuantizeArgs qa;
   auto* quantize = app.add_subcommand(
-      "quantize", "Quantize one [V, H] tensor of a safetensors file (RTN) into the pack-quantized layout");
-  quantize->add_option("input", qa.input, "input safetensors file")->required();
-  quantize->add_option("--tensor", qa.tensor, "name of the dense [V, H] tensor, e.g. lm_head.weight")->required();
-  quantize->add_option("--scheme", qa.scheme, "w<bits>[g<32|64|128|256>][a]: w4g64, w8, w4g128a")->required();
-  quantize->add_option("-o,--output", qa.output, "output safetensors file (never the input)")->required();
-  quantize->add_option("--scale-dtype", qa.scale_dtype, "f16 | bf16 | f32 (default: the input's dtype)")
+      "quantize",
+      "RTN-quantize into the compressed-tensors pack-quantized layout: one [V, H] tensor of a safetensors file "
+      "(IN FILE --tensor NAME --scheme S -o OUT), or a Hugging Face model directory's embedding and head "
+      "(MODEL_DIR --embedding S --head S -o OUT_DIR: a compressed-tensors model directory, checked after writing)");
+  quantize->add_option("input", qa.input, "input safetensors file, or model directory")->required();
+  quantize->add_option("-o,--output", qa.output, "output file, or output directory (never the input)")->required();
+  quantize->add_option("--tensor", qa.tensor, "file: name of the dense [V, H] tensor, e.g. lm_head.weight");
+  quantize->add_option("--scheme", qa.scheme, "file: w<bits>[g<32|64|128|256>][a]: w4g64, w8, w4g128a");
+  quantize->add_option("--embedding", qa.embedding, "model dir: scheme for the embedding (tied: the shared table)");
+  quantize->add_option("--head", qa.head, "model dir: scheme for the head (tied: the shared table)");
+  quantize->add_flag("--requantize", qa.requantize,
+                     "model dir: quantize a role that is already packed, from its dequantized values");
+  quantize->add_flag("--force", qa.force, "model dir: replace an existing non-empty output directory");
+  quantize->add_option("--embedding-tensor", qa.embedding_tensor, "model dir: embedding weight name (override)");
+  quantize->add_option("--head-tensor", qa.head_tensor, "model dir: head weight name (override)");
+  quantize->add_option("--scale-dtype", qa.scale_dtype,
+                       "f16 | bf16 | f32 (default: the input's dtype; a requantized role's scale dtype)")
       ->check(CLI::IsMember({"f16", "bf16", "f32"}));
   quantize->add_option("--threads", qa.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
-  quantize->add_flag("--json", qa.json, "machine-readable output");
+  quantize->add_flag("--json", qa.json, "machine-readable output (no progress bars)");
 
   DemoArgs da;
   auto* demo = app.add_subcommand(

@@ -16,17 +16,26 @@
 //     which dequantizes the group to exact zeros as well.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <optional>
+#include <string>
 
 #include "qhead/scheme.h"
 #include "qhead/table.h"
 
 namespace qhead {
 
+// Progress of a long quantization: rows done out of the total. Calls never
+// overlap (a mutex serializes them) but may come from worker threads; the last
+// call reports done == total. Keep it cheap: it is called every few hundred rows.
+using QuantizeProgress = std::function<void(int64_t rows_done, int64_t rows_total)>;
+
 // Quantizes a dense [V, H] F32/F16/BF16 table (CPU, contiguous) to `scheme`,
-// multithreaded over rows (threads <= 0: default). `name` is used in errors.
+// multithreaded over rows (threads <= 0: default). `name` is used in errors;
+// `progress`, when set, is told the rows done as the work proceeds.
 PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int threads = 0,
-                         const std::string& name = "table");
+                         const std::string& name = "table", const QuantizeProgress& progress = {});
 
 // Convenience: a packed Table from a dense Table.
 Table quantize_table(const Table& dense, const QuantScheme& scheme, int threads = 0,

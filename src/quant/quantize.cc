@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <mutex>
 #include <vector>
 
 #include "qhead/error.h"
@@ -33,7 +34,7 @@ float round_even(float v) {
 }  // namespace
 
 PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int threads,
-                         const std::string& name) {
+                         const std::string& name, const QuantizeProgress& progress) {
   const char* op = "quantize_rtn";
   scheme.validate();
   check_dims(dense, 2, op, name.c_str());
@@ -62,9 +63,22 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
   if (!scheme.symmetric) zps.assign(static_cast<size_t>(v * g), 0);
 
   std::atomic<int64_t> bad_row{-1};
+  // Progress: each worker adds its rows every kTick rows; whoever holds the
+  // mutex reports (a busy mutex skips the call, the next one catches up).
+  constexpr int64_t kTick = 256;
+  std::atomic<int64_t> rows_done{0};
+  std::mutex progress_mu;
+  auto report = [&](int64_t n) {
+    const int64_t d = rows_done.fetch_add(n) + n;
+    if (progress && d < v && progress_mu.try_lock()) {
+      progress(d, v);
+      progress_mu.unlock();
+    }
+  };
   parallel_for(v, 64, [&](int64_t rb, int64_t re) {
     std::vector<float> x(static_cast<size_t>(h));
     std::vector<int8_t> q(static_cast<size_t>(h));
+    int64_t pending = 0;  // rows done since this worker last reported
     for (int64_t r = rb; r < re; ++r) {
       convert(static_cast<const char*>(dense.data) + r * h * dtype_size(xt), xt, x.data(), DType::kF32, h);
       for (int64_t k = 0; k < g; ++k) {
@@ -101,7 +115,12 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
         }
       }
       pack_codes(q.data(), h, scheme.bits, out.packed.ptr<int32_t>() + r * scheme.packed_cols(h));
+      if (progress && ++pending == kTick) {
+        report(pending);
+        pending = 0;
+      }
     }
+    if (progress && pending > 0) report(pending);
   }, threads);
   if (bad_row.load() >= 0)
     throw Error(ErrorCode::kInvalidArgument, op,
@@ -110,6 +129,7 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
     out.zero_point = Tensor::empty(DType::kI32, {(v * scheme.bits + 31) / 32, g});
     pack_zero_points(zps.data(), v, g, scheme.bits, out.zero_point.ptr<int32_t>());
   }
+  if (progress) progress(v, v);
   return out;
 }
 

@@ -1,0 +1,771 @@
+// Writes a Hugging Face model directory with the token table's roles quantized
+// to compressed-tensors pack-quantized. See include/qhead/model_write.h for
+// the contract; the steps are: check the paths and options, load the roles
+// (inspect_model's rules), quantize, plan which safetensors files change,
+// write everything into a temporary directory beside out_dir, re-open and
+// check it, rename it into place.
+#include "qhead/model_write.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "qhead/error.h"
+#include "qhead/quantize.h"
+#include "qhead/safetensors.h"
+#include "qhead/table.h"
+
+namespace qhead {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kOp = "quantize model";
+const char* const kPackedParts[] = {".weight_packed", ".weight_scale", ".weight_zero_point", ".weight_shape"};
+const char* const kGptqParts[] = {".qweight", ".qzeros", ".scales", ".g_idx"};
+using Format = ModelInfo::Format;
+
+[[noreturn]] void fail(ErrorCode c, const std::string& where, const std::string& what) { throw Error(c, where, what); }
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  if (!in) fail(ErrorCode::kIo, p.string(), "cannot open");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) fail(ErrorCode::kInvalidFile, p.string(), "is not a JSON object");
+  return j;
+}
+
+// HF writes its JSON files with indent 2 and sorted keys; nlohmann's default
+// object is a std::map, so dump(2) sorts them the same way.
+void write_json(const fs::path& p, const json& j) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out << j.dump(2) << "\n";
+  out.close();
+  if (!out) fail(ErrorCode::kIo, p.string(), "cannot write");
+}
+
+bool has_gguf_magic(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  char m[4] = {};
+  return in.read(m, 4) && std::memcmp(m, "GGUF", 4) == 0;
+}
+
+// Copies `from` to `to` in 8 MiB chunks, calling `tick(done, total)` after each.
+void copy_file_chunked(const fs::path& from, const fs::path& to,
+                       const std::function<void(int64_t, int64_t)>& tick) {
+  const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+  if (in < 0) fail(ErrorCode::kIo, from.string(), "cannot open: " + errno_text(errno));
+  const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (out < 0) {
+    const int e = errno;
+    ::close(in);
+    fail(ErrorCode::kIo, to.string(), "cannot create: " + errno_text(e));
+  }
+  const int64_t total = static_cast<int64_t>(fs::file_size(from));
+  std::vector<char> buf(8u << 20);
+  int64_t done = 0;
+  for (;;) {
+    const ssize_t n = ::read(in, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(in), ::close(out);
+      fail(ErrorCode::kIo, from.string(), "read failed: " + errno_text(e));
+    }
+    if (n == 0) break;
+    for (ssize_t off = 0; off < n;) {
+      const ssize_t w = ::write(out, buf.data() + off, static_cast<size_t>(n - off));
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        const int e = errno;
+        ::close(in), ::close(out);
+        fail(ErrorCode::kIo, to.string(), "write failed: " + errno_text(e));
+      }
+      off += w;
+    }
+    done += n;
+    if (tick) tick(done, total);
+  }
+  ::close(in);
+  if (::fsync(out) != 0 || ::close(out) != 0) fail(ErrorCode::kIo, to.string(), "fsync/close failed: " + errno_text(errno));
+}
+
+// ---- the input's safetensors files ----------------------------------------------
+
+struct InputFiles {
+  std::vector<std::string> names;            // file names within the directory, in index order
+  std::vector<SafetensorsFile> files;        // same order
+  std::map<std::string, size_t> where;       // tensor -> index into files
+  bool sharded = false;
+};
+
+InputFiles open_inputs(const fs::path& dir) {
+  InputFiles f;
+  const fs::path index = dir / "model.safetensors.index.json";
+  auto add_file = [&](const std::string& name) {
+    f.names.push_back(name);
+    f.files.push_back(SafetensorsFile::open((dir / name).string()));
+    for (const auto& t : f.files.back().names()) f.where.emplace(t, f.files.size() - 1);
+  };
+  if (fs::exists(index)) {
+    // inspect_model has validated the index; here only the file list is needed.
+    f.sharded = true;
+    const json j = read_json(index);
+    std::set<std::string> seen;
+    for (const auto& [tensor, shard] : j.at("weight_map").items()) {
+      (void)tensor;
+      const std::string s = shard.get<std::string>();
+      if (seen.insert(s).second) add_file(s);
+    }
+  } else {
+    add_file("model.safetensors");
+  }
+  return f;
+}
+
+// ---- compressed-tensors quantization_config ------------------------------------
+
+// The weights args compressed-tensors 0.20 serializes for an int weight scheme
+// (QuantizationArgs.model_dump: actorder/block_structure/scale_dtype/observer/
+// zp_dtype/observer_kwargs omitted when not set).
+json weights_args(const QuantScheme& s) {
+  json w = {{"dynamic", false}, {"num_bits", s.bits}, {"symmetric", s.symmetric}, {"type", "int"}};
+  if (s.per_row()) {
+    w["strategy"] = "channel";
+    w["group_size"] = nullptr;
+  } else {
+    w["strategy"] = "group";
+    w["group_size"] = s.group_size;
+  }
+  return w;
+}
+
+json group_json(const QuantScheme& s, const std::vector<std::string>& targets) {
+  return {{"format", "pack-quantized"},
+          {"input_activations", nullptr},
+          {"output_activations", nullptr},
+          {"targets", targets},
+          {"weights", weights_args(s)}};
+}
+
+bool regex_match_start(const std::string& pattern, const std::string& name) {
+  try {
+    return std::regex_search(name, std::regex(pattern, std::regex::ECMAScript), std::regex_constants::match_continuous);
+  } catch (const std::regex_error&) {
+    return false;
+  }
+}
+
+// True when `target` selects module `name` of class `cls` (compressed-tensors
+// is_match: exact name, "re:" regex from the start, or class name).
+bool target_matches(const std::string& target, const std::string& name, const std::string& cls) {
+  if (target.rfind("re:", 0) == 0) return regex_match_start(target.substr(3), name);
+  return target == name || target == cls || target == "Module";
+}
+
+struct NewRole {
+  std::string module;
+  std::string cls;  // "Embedding" | "Linear"
+  QuantScheme scheme;
+};
+
+// The quantization_config of the output. `existing`: the input's (null: none).
+// `newly`: the roles quantized here, each in a group of its scheme; `unassign`:
+// modules taken out of the existing groups' targets (the roles quantized here,
+// and a tied head's dropped copy); `dropped_head`: a tied head module not
+// stored in the output (kept out of every group through `ignore` if the config
+// would still match it). `kept_packed`: the roles stored packed as they were
+// (module -> class); `others_packed`: whether any other module is packed.
+json make_quant_config(const json* existing, const std::vector<NewRole>& newly, const std::set<std::string>& unassign,
+                       const std::string& dropped_head, const std::map<std::string, std::string>& kept_packed,
+                       bool others_packed, const std::string& cfg_path) {
+  json qc;
+  if (existing) {
+    qc = *existing;
+    if (!qc.contains("config_groups") || !qc["config_groups"].is_object()) qc["config_groups"] = json::object();
+    // Other modules keep their groups; each role quantized here leaves its old group.
+    const std::string old_format = qc.value("format", std::string("pack-quantized"));
+    json groups = json::object();
+    for (auto& [g, grp] : qc["config_groups"].items()) {
+      if (!grp.is_object() || !grp.contains("targets") || !grp["targets"].is_array())
+        fail(ErrorCode::kInvalidFile, cfg_path, "quantization_config.config_groups." + g + ".targets is missing or not a list");
+      json targets = json::array();
+      for (const auto& t : grp["targets"]) {
+        if (!(t.is_string() && unassign.count(t.get<std::string>()))) targets.push_back(t);
+      }
+      if (targets.empty()) continue;  // the group only named roles requantized here
+      json ng = grp;
+      ng["targets"] = targets;
+      if (old_format != "pack-quantized" && !ng.contains("format")) ng["format"] = old_format;
+      groups[g] = ng;
+    }
+    // A weight-only group left selecting no packed module (it only served roles
+    // that now have groups of their own, e.g. a class target "Embedding" whose
+    // module an exact target now takes) goes: loaders such as transformers
+    // 5.24 read the first group's scheme for every module. Decidable only when
+    // the roles are the only packed modules (the classes of others are unknown).
+    if (!others_packed) {
+      std::set<std::string> used;
+      for (const auto& [mod, cls] : kept_packed) {
+        // compressed-tensors' order: exact names, then regexes (sorted), then classes.
+        std::vector<std::pair<std::string, std::string>> tg;  // (target, group)
+        for (const auto& [g, grp] : groups.items())
+          for (const auto& t : grp["targets"])
+            if (t.is_string()) tg.push_back({t.get<std::string>(), g});
+        std::stable_sort(tg.begin(), tg.end(), [](const auto& a, const auto& b) {
+          const bool ra = a.first.find("re:") != std::string::npos, rb = b.first.find("re:") != std::string::npos;
+          return ra != rb ? !ra : a.first < b.first;
+        });
+        std::string hit;
+        for (const auto& [t, g] : tg)
+          if (hit.empty() && (t.rfind("re:", 0) == 0 ? regex_match_start(t.substr(3), mod) : t == mod)) hit = g;
+        for (const auto& [t, g] : tg)
+          if (hit.empty() && (t == cls || t == "Module")) hit = g;
+        if (!hit.empty()) used.insert(hit);
+      }
+      json pruned = json::object();
+      for (const auto& [g, grp] : groups.items()) {
+        const bool weight_only = grp.contains("weights") && grp["weights"].is_object() &&
+                                 grp.value("input_activations", json()).is_null() &&
+                                 grp.value("output_activations", json()).is_null();
+        if (!weight_only || used.count(g)) pruned[g] = grp;
+      }
+      groups = pruned;
+    }
+    qc["config_groups"] = groups;
+    if (old_format != "pack-quantized") qc["format"] = "mixed-precision";
+    // An ignore entry naming a role exactly goes; one matching it otherwise would
+    // have to go too, which changes what it ignores for other modules.
+    if (qc.contains("ignore") && qc["ignore"].is_array()) {
+      json ig = json::array();
+      for (const auto& e : qc["ignore"]) {
+        if (!e.is_string()) {
+          ig.push_back(e);
+          continue;
+        }
+        const std::string s = e.get<std::string>();
+        bool drop = false;
+        for (const auto& r : newly) {
+          if (s == r.module) {
+            drop = true;
+          } else if (target_matches(s, r.module, r.cls)) {
+            fail(ErrorCode::kUnsupported, cfg_path,
+                 "quantization_config.ignore entry \"" + s + "\" matches " + r.module +
+                     ", which is to be quantized; qhead removes exact-name entries only (removing this one "
+                     "would change what it ignores for other modules): edit the ignore list first");
+          }
+        }
+        if (!drop) ig.push_back(e);
+      }
+      qc["ignore"] = ig;
+    }
+  } else {
+    qc = {{"config_groups", json::object()},
+          {"format", "pack-quantized"},
+          {"global_compression_ratio", nullptr},
+          {"ignore", json::array()},
+          {"kv_cache_scheme", nullptr},
+          {"moe_sparsity_config", nullptr},
+          {"sparsity_config", json::object()},
+          {"transform_config", json::object()}};
+  }
+  // One group per distinct scheme, named as compressed-tensors names them.
+  std::vector<std::pair<QuantScheme, std::vector<std::string>>> by_scheme;
+  for (const auto& r : newly) {
+    QuantScheme key = r.scheme;
+    key.scale_dtype = DType::kF32;  // the config does not carry the scale dtype
+    auto it = std::find_if(by_scheme.begin(), by_scheme.end(), [&](const auto& p) { return p.first == key; });
+    if (it == by_scheme.end()) by_scheme.push_back({key, {r.module}});
+    else it->second.push_back(r.module);
+  }
+  int next = 0;
+  for (const auto& [s, modules] : by_scheme) {
+    while (qc["config_groups"].contains("group_" + std::to_string(next))) ++next;
+    qc["config_groups"]["group_" + std::to_string(next)] = group_json(s, modules);
+  }
+  // A tied head that is no longer stored must not be matched by a group (the
+  // library would expect its packed tensors): ignore it explicitly.
+  if (!dropped_head.empty()) {
+    bool matched = false;
+    for (const auto& [g, grp] : qc["config_groups"].items()) {
+      (void)g;
+      for (const auto& t : grp["targets"])
+        if (t.is_string() && target_matches(t.get<std::string>(), dropped_head, "Linear")) matched = true;
+    }
+    bool ignored = false;
+    if (qc.contains("ignore") && qc["ignore"].is_array())
+      for (const auto& e : qc["ignore"])
+        if (e.is_string() && target_matches(e.get<std::string>(), dropped_head, "Linear")) ignored = true;
+    if (matched && !ignored) {
+      if (!qc.contains("ignore") || !qc["ignore"].is_array()) qc["ignore"] = json::array();
+      qc["ignore"].push_back(dropped_head);
+    }
+  }
+  qc["quant_method"] = "compressed-tensors";
+  qc["quantization_status"] = "compressed";
+  if (!qc.contains("format")) qc["format"] = "pack-quantized";
+  if (!qc.contains("version")) qc["version"] = "0.20.0";  // the layout and config of compressed-tensors 0.20
+  return qc;
+}
+
+// ---- paths -----------------------------------------------------------------------
+
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  auto i = inner.begin(), o = outer.begin();
+  for (; o != outer.end(); ++o, ++i) {
+    if (o->empty() && std::next(o) == outer.end()) return true;  // trailing separator
+    if (i == inner.end() || *i != *o) return false;
+  }
+  return true;
+}
+
+fs::path canonical_any(const fs::path& p) {
+  std::error_code ec;
+  fs::path c = fs::weakly_canonical(fs::absolute(p), ec);
+  if (ec) c = fs::absolute(p).lexically_normal();
+  if (c.filename().empty()) c = c.parent_path();  // "out/" -> "out"
+  return c;
+}
+
+// Removes a directory tree on scope exit unless released.
+struct TempDir {
+  fs::path path;
+  bool keep = false;
+  ~TempDir() {
+    if (!keep && !path.empty()) {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  }
+};
+
+std::string describe(const ModelInfo::Role& r) {
+  if (r.format == Format::kDense) return std::string("dense ") + dtype_name(r.dtype);
+  return (r.format == Format::kGptq ? "GPTQ " : "") + r.scheme->name() + " (" + dtype_name(r.dtype) + " scales)";
+}
+
+bool ends_with(const std::string& s, const std::string& suf) {
+  return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
+}
+
+bool same_bytes(const TensorView& a, const TensorView& b) {
+  return a.dtype == b.dtype && a.shape == b.shape && std::memcmp(a.data, b.data, a.nbytes()) == 0;
+}
+
+size_t packed_bytes(const PackedTable& p) {
+  return p.packed.nbytes() + p.scale.nbytes() + (p.scheme.symmetric ? 0 : p.zero_point.nbytes()) + 2 * sizeof(int64_t);
+}
+
+}  // namespace
+
+ModelWriteReport write_quantized_model(const std::string& dir_s, const std::string& out_s, const ModelWriteOptions& o) {
+  const auto t_start = std::chrono::steady_clock::now();
+  const fs::path dir(dir_s), out(out_s);
+
+  // ---- input kind -------------------------------------------------------------------
+  if (!fs::exists(dir)) fail(ErrorCode::kIo, dir_s, "does not exist");
+  if (!fs::is_directory(dir)) {
+    if (dir.extension() == ".gguf" || has_gguf_magic(dir))
+      fail(ErrorCode::kUnsupported, dir_s,
+           "GGUF is not supported as a quantize input (qhead reads GGUF tables but writes compressed-tensors "
+           "checkpoints only from safetensors): give a Hugging Face model directory (config.json + "
+           "model.safetensors, or model.safetensors.index.json + shards), or one .safetensors file with --tensor");
+    fail(ErrorCode::kInvalidArgument, dir_s,
+         "is not a model directory (expected config.json + model.safetensors or model.safetensors.index.json)");
+  }
+  if (!o.embedding_scheme && !o.head_scheme)
+    fail(ErrorCode::kInvalidArgument, kOp, "no scheme given for the embedding or the head: nothing to quantize");
+  if (out_s.empty()) fail(ErrorCode::kInvalidArgument, kOp, "no output directory given");
+
+  // ---- paths: never into the input, never over a non-empty directory unless forced ----
+  const fs::path cin = canonical_any(dir), cout = canonical_any(out);
+  if (cin == cout || is_within(cout, cin))
+    fail(ErrorCode::kInvalidArgument, kOp,
+         "refusing to write into the input model directory " + dir_s + " (output " + out_s + ")");
+  bool out_exists = false;
+  if (fs::exists(out)) {
+    if (!fs::is_directory(out)) fail(ErrorCode::kInvalidArgument, out_s, "exists and is not a directory");
+    out_exists = true;
+    if (!fs::is_empty(out)) {
+      if (!o.force)
+        fail(ErrorCode::kInvalidArgument, out_s, "exists and is not empty (pass --force to replace it)");
+      if (is_within(cin, cout))
+        fail(ErrorCode::kInvalidArgument, out_s, "contains the input " + dir_s + "; refusing to replace it");
+    }
+  }
+
+  // ---- config: qhead writes compressed-tensors only --------------------------------
+  const fs::path cfg_path = dir / "config.json";
+  ModelInfo info;
+  const TokenTables tables = load_model_tables(dir_s, o.overrides, &info);
+  json cfg = read_json(cfg_path);
+  const json* existing_qc = nullptr;
+  // A GPTQ checkpoint converts only when its roles are all it quantizes (the
+  // other layers' GPTQ tensors have no place in a compressed-tensors config):
+  // the GPTQ config is then replaced by a fresh one.
+  const bool gptq = info.quant_method == "gptq";
+  if (cfg.contains("quantization_config") && !cfg["quantization_config"].is_null() && !gptq) {
+    const json& qc = cfg["quantization_config"];
+    const std::string method = qc.is_object() && qc.contains("quant_method") && qc["quant_method"].is_string()
+                                   ? qc["quant_method"].get<std::string>() : std::string();
+    if (method != "compressed-tensors")
+      fail(ErrorCode::kUnsupported, cfg_path.string(),
+           "quantization_config.quant_method \"" + method +
+               "\": its other quantized layers cannot be carried into a compressed-tensors config; qhead quantize "
+               "takes dense, compressed-tensors or GPTQ-head model directories");
+    existing_qc = &qc;
+  }
+
+  // ---- schemes ------------------------------------------------------------------------
+  auto scheme_for = [&](const std::optional<std::string>& name, const ModelInfo::Role& r) -> std::optional<QuantScheme> {
+    if (!name) return std::nullopt;
+    QuantScheme s = QuantScheme::parse(*name, o.scale_dtype ? *o.scale_dtype : r.dtype);
+    s.check_hidden(info.hidden, kOp, r.tensor);
+    return s;
+  };
+  std::optional<QuantScheme> se = scheme_for(o.embedding_scheme, info.embedding);
+  std::optional<QuantScheme> sh = scheme_for(o.head_scheme, info.head);
+  if (info.tied) {
+    if (se && sh && !(*se == *sh))
+      fail(ErrorCode::kInvalidArgument, dir_s,
+           "the model is tied (one table serves " + info.embedding.tensor + " and the head) but the embedding scheme " +
+               se->name() + " and the head scheme " + sh->name() + " differ; give one scheme (either flag applies to the shared table)");
+    if (!se) se = sh;
+    sh = se;
+  }
+  auto check_packed = [&](const std::optional<QuantScheme>& s, const ModelInfo::Role& r, const char* role) {
+    if (s && r.packed && !o.requantize)
+      fail(ErrorCode::kInvalidArgument, dir_s,
+           std::string(role) + " " + packed_prefix(r.tensor) + " is already quantized (" + describe(r) + " in " +
+               fs::path(r.file).filename().string() + "); pass --requantize to quantize it to " + s->name() +
+               " again from its dequantized values");
+  };
+  check_packed(se, info.embedding, "the embedding");
+  if (!info.tied) check_packed(sh, info.head, "the head");
+  if (gptq) {
+    for (const auto* r : {&info.embedding, &info.head}) {
+      const auto& s = r == &info.embedding ? se : sh;
+      if (r->stored && r->format == Format::kGptq && !s)
+        fail(ErrorCode::kUnsupported, dir_s,
+             packed_prefix(r->tensor) + " is GPTQ-quantized (" + describe(*r) +
+                 "); a compressed-tensors directory cannot carry GPTQ tensors as they are: give it a scheme "
+                 "(with --requantize) to convert it");
+    }
+  }
+
+  ModelWriteReport rep;
+  rep.input_dir = dir_s;
+  rep.output_dir = out_s;
+  rep.architecture = info.architecture;
+  rep.vocab = info.vocab;
+  rep.hidden = info.hidden;
+  rep.tied = info.tied;
+
+  const InputFiles in = open_inputs(dir);
+  if (gptq) {
+    for (const auto& [n, i] : in.where) {
+      (void)i;
+      if (!ends_with(n, ".qweight")) continue;
+      const std::string mod = n.substr(0, n.size() - std::strlen(".qweight"));
+      if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor))
+        fail(ErrorCode::kUnsupported, dir_s,
+             "GPTQ-quantizes other modules too (" + mod + ".qweight ...): their GPTQ tensors cannot be carried into a "
+             "compressed-tensors config; qhead converts GPTQ checkpoints whose only quantized module is the head");
+    }
+  }
+
+  // ---- quantize -----------------------------------------------------------------------
+  struct Job {
+    const ModelInfo::Role* role;
+    const Table* table;
+    QuantScheme scheme;
+    std::string module;
+    PackedTable q;
+    ModelWriteReport::Role* report;
+  };
+  std::vector<Job> jobs;
+  if (se) jobs.push_back({&info.embedding, &tables.embedding, *se, packed_prefix(info.embedding.tensor), {}, &rep.embedding});
+  if (sh && !info.tied) jobs.push_back({&info.head, &tables.head, *sh, packed_prefix(info.head.tensor), {}, &rep.head});
+  for (Job& j : jobs) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string label = std::string(j.role == &info.embedding ? "embedding " : "head ") + j.module;
+    QuantizeProgress tick;
+    if (o.progress)
+      tick = [&](int64_t done, int64_t total) { o.progress({ModelWriteProgress::Stage::kQuantize, label, done, total}); };
+    const std::string name = dir_s + ": " + j.role->tensor;
+    if (j.table->is_packed()) {
+      const Tensor dense = j.table->to_dense_f32();  // the values it holds now, exactly
+      j.q = quantize_rtn(dense.view(), j.scheme, o.threads, name, tick);
+    } else {
+      j.q = quantize_rtn(j.table->dense().view(), j.scheme, o.threads, name, tick);
+    }
+    j.report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // ---- plan: names removed and added per file ------------------------------------------
+  std::set<std::string> removed;
+  auto remove_role = [&](const ModelInfo::Role& r) {
+    if (!r.stored) return;
+    const std::string mod = packed_prefix(r.tensor);
+    if (r.format == Format::kDense) {
+      removed.insert(r.tensor);
+      return;
+    }
+    for (const char* k : r.format == Format::kGptq ? kGptqParts : kPackedParts)
+      if (in.where.count(mod + k)) removed.insert(mod + k);
+  };
+  std::map<size_t, std::vector<const Job*>> added;  // file index -> roles packed into it
+  for (const Job& j : jobs) {
+    remove_role(*j.role);
+    const std::string holder = j.role->format == Format::kDense ? j.role->tensor
+                               : j.role->format == Format::kGptq ? j.module + ".qweight"
+                                                                 : j.module + ".weight_packed";
+    added[in.where.at(holder)].push_back(&j);
+  }
+  // A tied head stored as a second copy is dropped when the shared table is quantized.
+  const bool drop_head_copy = info.tied && se && info.head.stored && info.head.tensor != info.embedding.tensor;
+  if (drop_head_copy) remove_role(info.head);
+  std::map<std::string, const TensorView*> added_views;  // tensor name -> what we wrote (for the check)
+  std::map<std::string, std::string> added_file;         // tensor name -> file it was written to
+  std::vector<std::unique_ptr<Tensor>> shape_stores;
+
+  // ---- write into a temporary directory beside out_dir ------------------------------------
+  const fs::path parent = cout.parent_path();
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) fail(ErrorCode::kIo, parent.string(), "cannot create: " + ec.message());
+  TempDir tmp;
+  tmp.path = parent / ("." + cout.filename().string() + ".qhead-tmp-" + std::to_string(::getpid()));
+  fs::remove_all(tmp.path, ec);
+  fs::create_directory(tmp.path, ec);
+  if (ec) fail(ErrorCode::kIo, tmp.path.string(), "cannot create: " + ec.message());
+
+  std::set<std::string> model_files(in.names.begin(), in.names.end());
+  std::map<std::string, size_t> out_bytes;  // file -> data bytes (for the index's total_size)
+  for (size_t i = 0; i < in.files.size(); ++i) {
+    const SafetensorsFile& f = in.files[i];
+    const std::string& fname = in.names[i];
+    bool rewrite = added.count(i) != 0;
+    for (const auto& n : f.names())
+      if (removed.count(n)) rewrite = true;
+    size_t bytes = 0;
+    if (!rewrite) {
+      auto tick = [&](int64_t done, int64_t total) {
+        if (o.progress) o.progress({ModelWriteProgress::Stage::kCopy, fname, done, total});
+      };
+      copy_file_chunked(dir / fname, tmp.path / fname, tick);
+      for (const auto& n : f.names()) bytes += f.get(n).nbytes();
+      rep.copied_files.push_back(fname);
+    } else {
+      SafetensorsWriter w;
+      for (const auto& n : f.names()) {
+        if (removed.count(n)) continue;
+        const Tensor t = f.get(n);
+        w.add(n, t.view());  // a view into the input's mapping (f outlives write())
+        bytes += t.nbytes();
+      }
+      for (const auto& [k, v] : f.metadata()) w.set_metadata(k, v);
+      if (added.count(i))
+        for (const Job* j : added[i]) {
+          shape_stores.push_back(std::make_unique<Tensor>());
+          add_packed(w, j->module, j->q, *shape_stores.back());
+          j->report->file = fname;
+          j->report->bytes_after = packed_bytes(j->q);
+          bytes += j->report->bytes_after;
+          added_views[j->module + ".weight_packed"] = &j->q.packed.view();
+          added_views[j->module + ".weight_scale"] = &j->q.scale.view();
+          if (!j->q.scheme.symmetric) added_views[j->module + ".weight_zero_point"] = &j->q.zero_point.view();
+          added_views[j->module + ".weight_shape"] = &shape_stores.back()->view();
+          for (const auto& [n, v] : added_views) {
+            (void)v;
+            if (!added_file.count(n)) added_file[n] = fname;
+          }
+        }
+      w.write((tmp.path / fname).string(), {(dir / fname).string()});
+      rep.rewritten_files.push_back(fname);
+    }
+    out_bytes[fname] = bytes;
+  }
+
+  // The index, with the new names.
+  if (in.sharded) {
+    json idx = read_json(dir / "model.safetensors.index.json");
+    json& wm = idx["weight_map"];
+    for (const auto& n : removed) wm.erase(n);
+    for (const auto& [name, file] : added_file) wm[name] = file;
+    size_t total = 0;
+    for (const auto& [f, b] : out_bytes) total += b;
+    if (!idx.contains("metadata") || !idx["metadata"].is_object()) idx["metadata"] = json::object();
+    idx["metadata"]["total_size"] = total;
+    write_json(tmp.path / "model.safetensors.index.json", idx);
+  }
+
+  // config.json: as it was, with the quantization_config.
+  {
+    std::vector<NewRole> newly;
+    std::set<std::string> unassign;
+    for (const Job& j : jobs) {
+      newly.push_back({j.module, j.role == &info.embedding ? "Embedding" : "Linear", j.scheme});
+      unassign.insert(j.module);
+    }
+    // A tied head is not stored in the output (unless it is the embedding tensor itself).
+    std::string dropped_head;
+    if (info.tied && info.head.tensor != info.embedding.tensor) dropped_head = packed_prefix(info.head.tensor);
+    if (drop_head_copy) unassign.insert(dropped_head);
+    // Roles kept packed, and whether anything else is packed.
+    std::map<std::string, std::string> kept_packed;
+    if (!se && info.embedding.format == Format::kPackQuantized) kept_packed[packed_prefix(info.embedding.tensor)] = "Embedding";
+    if (!sh && info.head.format == Format::kPackQuantized && info.head.stored)
+      kept_packed[packed_prefix(info.head.tensor)] = "Linear";
+    bool others_packed = false;
+    const std::string suffix = ".weight_packed";
+    for (const auto& [n, i] : in.where) {
+      (void)i;
+      if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+      const std::string mod = n.substr(0, n.size() - suffix.size());
+      if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor)) others_packed = true;
+    }
+    cfg["quantization_config"] = make_quant_config(existing_qc, newly, unassign, dropped_head, kept_packed,
+                                                   others_packed, cfg_path.string());
+    write_json(tmp.path / "config.json", cfg);
+  }
+
+  // Every other file (tokenizer, generation config, ...), subdirectories included.
+  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
+    const fs::path rel = fs::relative(it->path(), dir);
+    const std::string rs = rel.string();
+    if (it->is_directory()) {
+      fs::create_directories(tmp.path / rel);
+      continue;
+    }
+    if (!it->is_regular_file()) continue;  // sockets, broken links
+    if (rs == "config.json" || rs == "model.safetensors.index.json" || model_files.count(rs)) continue;
+    if (gptq && rs == "quantize_config.json") continue;  // replaced by the compressed-tensors config
+    const int64_t size = static_cast<int64_t>(it->file_size());
+    auto tick = [&](int64_t done, int64_t total) {
+      if (o.progress && size >= (int64_t(64) << 20)) o.progress({ModelWriteProgress::Stage::kCopy, rs, done, total});
+    };
+    copy_file_chunked(it->path(), tmp.path / rel, tick);
+    rep.copied_files.push_back(rs);
+  }
+
+  // ---- re-open and check -------------------------------------------------------------------
+  {
+    ModelInfo got;
+    const TokenTables back = load_model_tables(tmp.path.string(), o.overrides, &got);
+    auto bad = [&](const std::string& what) {
+      fail(ErrorCode::kInternal, kOp, "the written directory does not read back as written: " + what);
+    };
+    if (got.tied != info.tied) bad("tie changed");
+    if (back.tied() != tables.tied()) bad("tied tables are not one table");
+    for (const Job& j : jobs) {
+      const Table& t = j.role == &info.embedding ? back.embedding : back.head;
+      const ModelInfo::Role& r = j.role == &info.embedding ? got.embedding : got.head;
+      if (!t.is_packed() || !r.scheme || !(*r.scheme == j.scheme))
+        bad(j.module + " does not load as " + j.scheme.name() + " (" + describe(r) + ")");
+      const PackedTable& p = t.packed();
+      if (!same_bytes(p.packed.view(), j.q.packed.view()) || !same_bytes(p.scale.view(), j.q.scale.view()) ||
+          (!j.scheme.symmetric && !same_bytes(p.zero_point.view(), j.q.zero_point.view())))
+        bad(j.module + "'s packed tensors differ from what was quantized");
+    }
+    // Kept roles load as they did.
+    auto kept_same = [&](const ModelInfo::Role& a, const ModelInfo::Role& b) {
+      return a.packed == b.packed && a.scheme == b.scheme && a.dtype == b.dtype;
+    };
+    if (!se && !kept_same(info.embedding, got.embedding)) bad("the kept embedding changed");
+    if (!sh && !kept_same(info.head, got.head)) bad("the kept head changed");
+    // Every tensor: either one we added, or byte-identical to the input's.
+    const InputFiles outf = open_inputs(tmp.path);
+    std::set<std::string> expect_names;
+    for (const auto& [n, i] : in.where) {
+      (void)i;
+      if (!removed.count(n)) expect_names.insert(n);
+    }
+    for (const auto& [n, v] : added_views) {
+      (void)v;
+      expect_names.insert(n);
+    }
+    std::set<std::string> got_names;
+    for (const auto& [n, i] : outf.where) {
+      got_names.insert(n);
+      const Tensor t = outf.files[i].get(n);
+      auto a = added_views.find(n);
+      if (a != added_views.end()) {
+        if (!same_bytes(t.view(), *a->second)) bad(n + " differs from what was quantized");
+      } else {
+        auto w = in.where.find(n);
+        if (w == in.where.end()) bad("unexpected tensor " + n);
+        if (!same_bytes(t.view(), in.files[w->second].get(n).view())) bad(n + " differs from the input");
+      }
+      ++rep.tensors_checked;
+    }
+    if (got_names != expect_names) bad("the set of tensor names is not the expected one");
+    rep.verified = true;
+    // Sizes of what is stored now.
+    auto fill = [&](ModelWriteReport::Role& rr, const ModelInfo::Role& before, const ModelInfo::Role& after,
+                    const char* role) {
+      rr.role = role;
+      rr.tensor = before.tensor;
+      rr.module = packed_prefix(before.tensor);
+      rr.before = describe(before);
+      rr.bytes_before = before.stored ? before.bytes : 0;
+      rr.bytes_after = after.stored ? after.bytes : 0;
+      rr.file = after.stored ? fs::path(after.file).filename().string() : std::string();
+      rr.scheme = after.scheme;
+    };
+    fill(rep.embedding, info.embedding, got.embedding, "embedding");
+    fill(rep.head, info.head, got.head, "head");
+    if (info.tied) {
+      rep.head.bytes_before = info.head.tensor != info.embedding.tensor && info.head.stored ? info.head.bytes : 0;
+      rep.head.bytes_after = 0;
+      rep.head.file.clear();
+    }
+  }
+  for (const Job& j : jobs) j.report->action = j.role->packed ? "requantized" : "quantized";
+  if (rep.embedding.action.empty()) rep.embedding.action = "kept";
+  if (info.tied) {
+    rep.head.action = "shared";
+    rep.head.seconds = 0;
+  } else if (rep.head.action.empty()) {
+    rep.head.action = "kept";
+  }
+
+  // ---- into place --------------------------------------------------------------------------
+  if (out_exists && !fs::is_empty(out)) {
+    const fs::path old = parent / ("." + cout.filename().string() + ".qhead-old-" + std::to_string(::getpid()));
+    fs::remove_all(old, ec);
+    fs::rename(out, old, ec);
+    if (ec) fail(ErrorCode::kIo, out_s, "cannot move the existing directory aside: " + ec.message());
+    fs::rename(tmp.path, out, ec);
+    if (ec) {
+      std::error_code ec2;
+      fs::rename(old, out, ec2);
+      fail(ErrorCode::kIo, out_s, "cannot rename " + tmp.path.string() + " into place: " + ec.message());
+    }
+    fs::remove_all(old, ec);
+  } else {
+    fs::rename(tmp.path, out, ec);  // replaces an empty directory
+    if (ec) fail(ErrorCode::kIo, out_s, "cannot rename " + tmp.path.string() + " into place: " + ec.message());
+  }
+  tmp.keep = true;
+  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  return rep;
+}
+
+}  // namespace qhead
