@@ -296,7 +296,9 @@ void add_packed(SafetensorsWriter& w, const std::string& prefix, const PackedTab
   if (t.col_perm.defined())
     throw Error(ErrorCode::kUnsupported, prefix,
                 "the table's columns are stored permuted (GPTQ act-order); pack-quantized without actorder "
-                "cannot express that: dequantize and requantize it (qhead quantize --requantize)");
+                "cannot express that (compressed-tensors 0.20 reads no g_idx): requantize the dequantized table "
+                "(quantize_table; `qhead quantize DIR --head SCHEME --requantize` for a checkpoint whose only GPTQ "
+                "module is the head)");
   shape_store = Tensor::empty(DType::kI64, {2});
   shape_store.ptr<int64_t>()[0] = t.vocab;
   shape_store.ptr<int64_t>()[1] = t.hidden;
