@@ -64,8 +64,20 @@ struct BenchArgs {
   int64_t k = 50;
   int reps = 0;                      // 0: auto
   bool json = false;
+  int tp = 0;                        // > 0: the vocab-parallel head over this many GPUs (cmd_tp.cc)
 };
 int run_bench(const BenchArgs& a);
+// qhead bench --device cuda --tp N: starts N ranks (tp-run) unless inside one; rank 0 prints.
+int run_bench_tp(const BenchArgs& a);
+
+// qhead tp-run -n N [--devices 0,1] -- CMD ARGS...: one process per rank (qhead/dist.h launch).
+struct TpRunArgs {
+  int n = 0;
+  std::string devices;               // "0,1": CUDA device per rank; default rank r on device r
+  int timeout_s = 0;                 // 0: no limit
+  std::vector<std::string> command;
+};
+int run_tp(const TpRunArgs& a);
 
 // Shared by the commands: "1.23 MB".
 std::string human_bytes(double bytes);

@@ -67,6 +67,20 @@ int main(int argc, char** argv) {
   bench->add_option("--reps", ba.reps, "timed calls per path (default: auto, >= 5, about 1 s)")
       ->check(CLI::NonNegativeNumber);
   bench->add_flag("--json", ba.json, "a JSON array, one object per (shape, scheme, m, path)");
+  bench->add_option("--tp", ba.tp,
+                    "CUDA: shard the table by vocab rows over N GPUs (one process each, NCCL) and time the sharded "
+                    "top-k step against one GPU (default shape 262144x2560 w4g128, M = 1)")
+      ->check(CLI::PositiveNumber);
+
+  TpRunArgs ta;
+  auto* tprun = app.add_subcommand(
+      "tp-run", "Run a command once per rank (one process per GPU) with QHEAD_TP_RANK/WORLD/DEVICE/ID_FILE and "
+                "NCCL_NVLS_ENABLE=0 set; if one rank fails the others are stopped");
+  tprun->add_option("-n", ta.n, "number of ranks")->required()->check(CLI::PositiveNumber);
+  tprun->add_option("--devices", ta.devices, "CUDA device of each rank, comma-separated (default: rank r on device r)");
+  tprun->add_option("--timeout", ta.timeout_s, "seconds before every rank is stopped (default: none)")
+      ->check(CLI::NonNegativeNumber);
+  tprun->add_option("command", ta.command, "the command and its arguments, after --")->required();
 
   try {
     app.parse(argc, argv);
@@ -77,7 +91,8 @@ int main(int argc, char** argv) {
     if (*inspect) return run_inspect(ia);
     if (*quantize) return run_quantize(qa);
     if (*demo) return run_demo(da);
-    if (*bench) return run_bench(ba);
+    if (*bench) return ba.tp > 0 ? run_bench_tp(ba) : run_bench(ba);
+    if (*tprun) return run_tp(ta);
   } catch (const qhead::Error& e) {
     std::fprintf(stderr, "qhead: error: %s\n", e.what());
     return 2;
