@@ -55,6 +55,8 @@ nlohmann::json to_json(const bench::BenchRow& r) {
                       {"bw_fraction", r.bw_fraction}, {"speedup_vs_dense", r.speedup_vs_dense}};
   if (r.read_ceiling_fraction) j["read_ceiling_fraction"] = *r.read_ceiling_fraction;
   if (r.matrix_fraction) j["matrix_fraction"] = *r.matrix_fraction;
+  if (r.max_abs_err) j["max_abs_err"] = *r.max_abs_err;
+  if (r.max_abs_logit) j["max_abs_logit"] = *r.max_abs_logit;
   if (!r.note.empty()) j["note"] = r.note;
   return j;
 }
@@ -76,6 +78,11 @@ void print_markdown(const bench::BenchConfig& cfg, const std::vector<bench::Benc
   }
   head += " fused vs dense | fused_topk / fused | fused of FMA peak | CPU busy (fused) |";
   rule += "---:|---:|---:|---:|";
+  const bool has_int8 = std::find(paths.begin(), paths.end(), "fused_int8") != paths.end();
+  if (has_int8) {  // the opt-in int8 mode changes the arithmetic: show by how much
+    head += " fused_int8 / fused | int8 max abs(Δlogit) (of max abs(logit)) |";
+    rule += "---:|---:|";
+  }
   fmt::print("{}\n{}\n", head, rule);
   // Rows keyed by (shape, scheme, m) in order of first appearance.
   std::vector<std::tuple<std::string, std::string, int64_t>> keys;
@@ -106,6 +113,15 @@ void print_markdown(const bench::BenchConfig& cfg, const std::vector<bench::Benc
     const size_t cpu_at = fused == cell.end() ? std::string::npos : fused->second->note.find("; cpu ");
     line += cpu_at == std::string::npos ? std::string(" – |")
                                         : fmt::format(" {} |", std::string_view(fused->second->note).substr(cpu_at + 6));
+    if (has_int8) {
+      auto i8 = cell.find(std::make_tuple(shape, scheme, m, std::string("fused_int8")));
+      line += (fused == cell.end() || i8 == cell.end()) ? " – |"
+                                                         : fmt::format(" {:.3f} |", i8->second->us_median / fused->second->us_median);
+      line += (i8 == cell.end() || !i8->second->max_abs_err)
+                  ? " – |"
+                  : fmt::format(" {:.3g} ({:.1e}) |", *i8->second->max_abs_err,
+                                *i8->second->max_abs_logit > 0 ? *i8->second->max_abs_err / *i8->second->max_abs_logit : 0.0);
+    }
     fmt::print("{}\n", line);
   }
   // Notes: cache residency and caveats, once per (shape, scheme, path).

@@ -16,11 +16,18 @@
 //     unoptimized (Debug + ASan/UBSan) builds only the first case keeps
 //     V = 50257 and the others use V = 5003 (same code paths, a tenth of the
 //     rows), and so do the large top-k cases;
-//   - thread counts 1, 2, 3 give bitwise-identical logits and top-k.
+//   - thread counts 1, 2, 3 give bitwise-identical logits and top-k;
+//   - the opt-in int8-activation mode (set_cpu_activations(kInt8)) on every
+//     ISA path that has VNNI here, over the same cross product and large
+//     shapes, held to the bound derived from the int8 rounding of x
+//     (|x - s_b·q| <= s_b/2 per element, s_b = max|x|/127 per block of 32)
+//     plus the f32 bound; skipped where no path has VNNI.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -433,6 +440,299 @@ TEST(CpuThreadPool, RunsEveryTaskOnceAndRethrows) {
     int after = 0;
     pool.run(1, [&](int64_t, int) { ++after; });  // still usable
     EXPECT_EQ(after, 1);
+  }
+}
+
+// ---- the int8-activation mode --------------------------------------------------------
+
+struct ActGuard {
+  explicit ActGuard(CpuActivations a) { set_cpu_activations(a); }
+  ~ActGuard() { set_cpu_activations(CpuActivations::kExact); }
+};
+
+// The fast ISA paths on which kInt8 takes effect on this CPU.
+std::vector<CpuIsa> int8_isas() {
+  std::vector<CpuIsa> out;
+  for (CpuIsa i : fast_isas()) {
+    CpuGuard g(i);
+    if (cpu_int8_available()) out.push_back(i);
+  }
+  return out;
+}
+
+// The int8 mode's contract, re-derived here: per activation row and block of
+// 32 elements, s_b = max|x| / 127 (f32) and q = rint(fl(x / s_b)), so
+//   |x - s_b·q| <= s_b·(1/2 + 127·u·(1 + u)) <= s_b/2 · (1 + 2^-15)  (u = 2^-24).
+// The kernel then computes Σ_j (s_b q_j)·(c_j - z)·s_g with exact integer
+// dot products and a few f32 roundings per term, i.e. x̂·w within the f32
+// bound γ·Σ|x̂_j w_j| (w in exact arithmetic differs from the oracle's f32 w
+// by at most u·|w|, which γ_{H+8} covers). Against the oracle on the exact x:
+//   |logit - Σ x_j w_j| <= E + γ_{H+8}(u)·(Σ|x_j w_j| + E),   E = Σ_j |w_j|·s_b(j)/2·(1 + 2^-15)
+// (+ the oracle's own double error).
+std::vector<float> int8_block_scales(const std::vector<float>& xf, int64_t m, int64_t h) {
+  std::vector<float> s(static_cast<size_t>(m * h / 32));
+  for (size_t b = 0; b < s.size(); ++b) {
+    float amax = 0.0f;
+    for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(xf[b * 32 + static_cast<size_t>(e)]));
+    s[b] = amax / 127.0f;
+  }
+  return s;
+}
+
+struct Int8Check {
+  int bad = 0;               // logits outside the bound
+  int64_t differ = 0;        // logits that differ from the exact path's (proof the int8 path ran)
+  double worst_ratio = 0.0;  // max |err| / bound seen
+};
+
+Int8Check check_logits_int8(const PackedTable& p, const TensorView& x, const TensorView& out, const TensorView& exact,
+                            const std::string& what) {
+  const int64_t m = x.size(0), h = x.size(1), v = p.vocab;
+  const std::vector<float> xf = to_f32(x);
+  const std::vector<float> sb = int8_block_scales(xf, m, h);
+  const std::vector<int64_t> rows = sample_rows(v);
+  const std::vector<float> w = dequant_rows_f32(p, rows);
+  const float* o = out.ptr<float>();
+  const float* ex = exact.ptr<float>();
+  Int8Check c;
+  for (int64_t i = 0; i < m; ++i)
+    for (size_t ri = 0; ri < rows.size(); ++ri) {
+      const float* wr = w.data() + ri * static_cast<size_t>(h);
+      const Dot d = dot_f64(xf.data() + i * h, wr, h);
+      double e_x = 0.0;
+      for (int64_t j = 0; j < h; ++j)
+        e_x += std::fabs(static_cast<double>(wr[j])) * sb[static_cast<size_t>((i * h + j) / 32)] * 0.5 * (1.0 + std::ldexp(1.0, -15));
+      const double tol = e_x + (gamma_n(h + 8, kU32) + gamma_n(h + 4, kU64)) * (d.abs_sum + e_x);
+      const float got = o[i * v + rows[ri]];
+      const double err = std::fabs(static_cast<double>(got) - d.value);
+      if (got != ex[i * v + rows[ri]]) ++c.differ;
+      if (tol > 0) c.worst_ratio = std::max(c.worst_ratio, err / tol);
+      if (!(err <= tol) && c.bad++ < 3)
+        ADD_FAILURE() << what << ": int8 logit[" << i << ", " << rows[ri] << "] = " << got << ", oracle " << d.value
+                      << ", |err| " << err << " > derived bound " << tol << " (x rounding part " << e_x << ")";
+    }
+  return c;
+}
+
+TEST(CpuKernelsInt8, DefaultIsExactAndSwitchIsProcessWide) {
+  EXPECT_EQ(cpu_activations(), CpuActivations::kExact);
+  {
+    ActGuard a(CpuActivations::kInt8);
+    EXPECT_EQ(cpu_activations(), CpuActivations::kInt8);
+  }
+  EXPECT_EQ(cpu_activations(), CpuActivations::kExact);
+  std::printf("[ INFO     ] int8 mode runs on: ");
+  for (CpuIsa i : int8_isas()) std::printf("%s ", cpu_isa_name(i));
+  std::printf("\n");
+  // Where the active path has no VNNI, kInt8 runs the exact kernels: same bits.
+  const QuantScheme s = scheme_of(4, 32, true, DType::kF16);
+  const Table t = Table::packed(random_packed(67, 64, s, 3));
+  const Tensor x = random_tensor(DType::kF32, 3, 64, 4);
+  for (CpuIsa isa : fast_isas()) {
+    CpuGuard g(isa);
+    if (cpu_int8_available()) continue;
+    Tensor a = Tensor::empty(DType::kF32, {3, 67}), b = Tensor::empty(DType::kF32, {3, 67});
+    logits(t, x.view(), a.view());
+    ActGuard act(CpuActivations::kInt8);
+    logits(t, x.view(), b.view());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << cpu_isa_name(isa);
+  }
+}
+
+// The full cross product on small, awkward shapes (H = 576 leaves a partial
+// last chunk for the 4-bit kernels), against the derived bound.
+TEST(CpuKernelsInt8, LogitsSweepSmallShapes) {
+  const auto isas = int8_isas();
+  if (isas.empty()) GTEST_SKIP() << "no CPU path with VNNI here";
+  const std::vector<Case> cases = {{1, 64, 1}, {3, 576, 3}, {67, 64, 17}, {3, 64, 256}, {50, 160, 2}};
+  const DType scale_dtypes[] = {DType::kF16, DType::kBF16, DType::kF32};
+  int n = 0;
+  double worst = 0.0;
+  for (CpuIsa isa : isas) {
+    CpuGuard g(isa);
+    for (int bits : {4, 8})
+      for (int group : {32, 64, 128, -1})
+        for (bool sym : {true, false})
+          for (DType xt : {DType::kF32, DType::kF16, DType::kBF16})
+            for (const Case& c : cases) {
+              if (group > 0 && c.h % group != 0) continue;
+              const QuantScheme s = scheme_of(bits, group, sym, scale_dtypes[n % 3]);
+              ++n;
+              const PackedTable p = random_packed(c.v, c.h, s, 2000 + static_cast<uint64_t>(n));
+              const Table t = Table::packed(p);
+              const Tensor x = random_tensor(xt, c.m, c.h, 17 + static_cast<uint64_t>(n));
+              Tensor exact = Tensor::empty(DType::kF32, {c.m, c.v}), out = Tensor::empty(DType::kF32, {c.m, c.v});
+              ASSERT_TRUE(cpu::logits(t, x.view(), exact.view()));
+              poison(out.view());
+              {
+                ActGuard act(CpuActivations::kInt8);
+                ASSERT_TRUE(cpu::logits(t, x.view(), out.view())) << "fast path declined " << s.name();
+              }
+              const std::string what = std::string(cpu_isa_name(isa)) + " int8 " + s.name() + " x " + dtype_name(xt) +
+                                       " V=" + std::to_string(c.v) + " H=" + std::to_string(c.h) +
+                                       " M=" + std::to_string(c.m);
+              EXPECT_EQ(count_nan(out.view()), 0) << what;
+              const Int8Check r = check_logits_int8(p, x.view(), out.view(), exact.view(), what);
+              EXPECT_EQ(r.bad, 0) << what;
+              EXPECT_GT(r.differ, 0) << what << ": identical to the exact path — did the int8 kernel run?";
+              worst = std::max(worst, r.worst_ratio);
+            }
+  }
+  std::printf("[ INFO     ] int8: %d cases, largest |err| / derived bound %.3f\n", n, worst);
+}
+
+// V = 50257, H = 1024, M = 1, 17, 256; sampled rows; and the extra error the
+// mode actually shows on these random inputs, reported.
+TEST(CpuKernelsInt8, LogitsLargeVocabSampled) {
+  const auto isas = int8_isas();
+  if (isas.empty()) GTEST_SKIP() << "no CPU path with VNNI here";
+  struct Big {
+    int bits, group;
+    bool sym;
+    DType scale, x;
+    int64_t m;
+  };
+  const std::vector<Big> big = {
+      {4, 64, true, DType::kBF16, DType::kF32, 1},  {4, 128, false, DType::kF16, DType::kBF16, 17},
+      {8, 128, true, DType::kBF16, DType::kF32, 1}, {8, -1, false, DType::kF32, DType::kF16, 17},
+      {4, 32, true, DType::kF32, DType::kF32, 256},
+  };
+  const int64_t h = 1024;
+  int n = 0;
+  for (const Big& b : big) {
+    const int64_t v = n == 0 ? 50257 : big_v(50257);
+    const QuantScheme s = scheme_of(b.bits, b.group, b.sym, b.scale);
+    const PackedTable p = random_packed(v, h, s, 177 + static_cast<uint64_t>(n));
+    const Table t = Table::packed(p);
+    const Tensor x = random_tensor(b.x, b.m, h, 199 + static_cast<uint64_t>(n++));
+    for (CpuIsa isa : isas) {
+      if (b.m == 256 && isa != isas.back()) continue;
+      CpuGuard g(isa);
+      Tensor exact = Tensor::empty(DType::kF32, {b.m, v}), out = Tensor::empty(DType::kF32, {b.m, v});
+      logits(t, x.view(), exact.view());
+      poison(out.view());
+      {
+        ActGuard act(CpuActivations::kInt8);
+        logits(t, x.view(), out.view());
+      }
+      const std::string what = std::string(cpu_isa_name(isa)) + " int8 " + s.name() + " M=" + std::to_string(b.m);
+      EXPECT_EQ(count_nan(out.view()), 0) << what;
+      const Int8Check r = check_logits_int8(p, x.view(), out.view(), exact.view(), what);
+      EXPECT_EQ(r.bad, 0) << what;
+      EXPECT_GT(r.differ, 0) << what;
+      double max_d = 0.0, max_l = 0.0;
+      for (int64_t i = 0; i < b.m * v; ++i) {
+        max_d = std::max(max_d, std::fabs(static_cast<double>(out.ptr<float>()[i]) - exact.ptr<float>()[i]));
+        max_l = std::max(max_l, std::fabs(static_cast<double>(exact.ptr<float>()[i])));
+      }
+      std::printf("[ INFO     ] %s: max |int8 - exact| = %.3g (max |logit| %.3g), |err| / bound <= %.3f\n",
+                  what.c_str(), max_d, max_l, r.worst_ratio);
+    }
+  }
+}
+
+// Blocks of zeros (s_b = 0), a block with one non-zero value and huge/tiny
+// magnitudes side by side: the per-block scales keep each block's relative
+// precision, and a zero block contributes exactly nothing.
+TEST(CpuKernelsInt8, ZeroAndSpreadBlocks) {
+  const auto isas = int8_isas();
+  if (isas.empty()) GTEST_SKIP() << "no CPU path with VNNI here";
+  const int64_t v = 131, h = 256, m = 3;
+  Tensor x = random_tensor(DType::kF32, m, h, 8);
+  float* xp = x.ptr<float>();
+  for (int64_t j = 0; j < h; ++j) xp[j] = 0.0f;  // row 0: all zero
+  for (int64_t j = 0; j < 32; ++j) xp[h + j] = 0.0f;
+  xp[h + 5] = 3.0f;                                          // row 1, block 0: one value
+  for (int64_t j = 64; j < 96; ++j) xp[h + j] *= 1e-6f;      // row 1, block 2: tiny
+  for (int64_t j = 96; j < 128; ++j) xp[h + j] *= 1e6f;      // row 1, block 3: huge
+  for (int64_t j = 0; j < h; j += 2) xp[2 * h + j] = 0.0f;  // row 2: every other one zero
+  for (CpuIsa isa : isas)
+    for (int bits : {4, 8})
+      for (bool sym : {true, false}) {
+        CpuGuard g(isa);
+        const QuantScheme s = scheme_of(bits, 64, sym, DType::kBF16);
+        const PackedTable p = random_packed(v, h, s, 9);
+        const Table t = Table::packed(p);
+        Tensor exact = Tensor::empty(DType::kF32, {m, v}), out = Tensor::empty(DType::kF32, {m, v});
+        logits(t, x.view(), exact.view());
+        poison(out.view());
+        {
+          ActGuard act(CpuActivations::kInt8);
+          logits(t, x.view(), out.view());
+        }
+        const std::string what = std::string(cpu_isa_name(isa)) + " int8 " + s.name();
+        for (int64_t r = 0; r < v; ++r) EXPECT_EQ(out.ptr<float>()[r], 0.0f) << what << " zero row, logit " << r;
+        EXPECT_EQ(check_logits_int8(p, x.view(), out.view(), exact.view(), what).bad, 0) << what;
+      }
+}
+
+// Thread counts 1, 2, 3 give identical int8 logits, and top-k in int8 mode
+// returns exactly the k best of those logits (the same pass with the epilogue).
+TEST(CpuKernelsInt8, ThreadCountsAndTopkConsistent) {
+  const auto isas = int8_isas();
+  if (isas.empty()) GTEST_SKIP() << "no CPU path with VNNI here";
+  const int64_t v = big_v(50257), h = 128, m = 3, k = 50;
+  for (bool sym : {true, false}) {
+    const QuantScheme s = scheme_of(4, 64, sym, DType::kF16);
+    const Table t = Table::packed(random_packed(v, h, s, 55));
+    const Tensor x = random_tensor(DType::kBF16, m, h, 56);
+    for (CpuIsa isa : isas) {
+      std::vector<float> first;
+      for (int threads : {1, 2, 3}) {
+        CpuGuard g(isa, threads);
+        ActGuard act(CpuActivations::kInt8);
+        Tensor out = Tensor::empty(DType::kF32, {m, v});
+        poison(out.view());
+        logits(t, x.view(), out.view());
+        std::vector<float> o(out.ptr<float>(), out.ptr<float>() + m * v);
+        if (first.empty())
+          first = o;
+        else
+          EXPECT_EQ(0, std::memcmp(first.data(), o.data(), o.size() * sizeof(float)))
+              << cpu_isa_name(isa) << " threads=" << threads;
+        Tensor vals = Tensor::empty(DType::kF32, {m, k}), ids = Tensor::empty(DType::kI32, {m, k}),
+               lse = Tensor::empty(DType::kF32, {m});
+        poison(vals.view());
+        poison(ids.view(), -1);
+        poison(lse.view());
+        topk(t, x.view(), k, vals.view(), ids.view(), lse.view());
+        for (int64_t i = 0; i < m; ++i) {
+          const float* l = o.data() + i * v;
+          std::vector<int32_t> order(static_cast<size_t>(v));
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
+          for (int64_t j = 0; j < k; ++j) {
+            ASSERT_EQ(ids.ptr<int32_t>()[i * k + j], order[static_cast<size_t>(j)]) << cpu_isa_name(isa);
+            ASSERT_EQ(vals.ptr<float>()[i * k + j], l[order[static_cast<size_t>(j)]]);
+          }
+          EXPECT_FALSE(std::isnan(lse.ptr<float>()[i]));
+        }
+      }
+    }
+  }
+}
+
+TEST(CpuThreadPool, ContiguousScheduleRunsEveryTaskOnce) {
+  for (int threads : {1, 2, 3}) {
+    cpu::ThreadPool pool(threads);
+    for (int64_t n : {1, 2, 5, 1000}) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      std::vector<std::atomic<int>> by(static_cast<size_t>(n));
+      pool.run(n, [&](int64_t t, int w) {
+        ASSERT_LT(w, threads);
+        hits[static_cast<size_t>(t)]++;
+        by[static_cast<size_t>(t)] = w;
+        pool.run(2, [](int64_t, int) {}, cpu::ThreadPool::Schedule::kContiguous);  // nested: inline
+      }, cpu::ThreadPool::Schedule::kContiguous);
+      for (auto& h : hits) EXPECT_EQ(h.load(), 1) << "threads=" << threads << " n=" << n;
+    }
+    EXPECT_THROW(pool.run(100, [](int64_t t, int) {
+      if (t == 37) throw Error(ErrorCode::kInternal, "test", "task 37");
+    }, cpu::ThreadPool::Schedule::kContiguous),
+                 Error);
+    int after = 0;
+    pool.run(3, [&](int64_t, int) { ++after; }, cpu::ThreadPool::Schedule::kContiguous);
+    EXPECT_EQ(after, 3);
   }
 }
 

@@ -80,4 +80,22 @@ CpuIsa active_cpu_isa();  // what kAuto runs now
 void set_num_threads(int n);
 int num_threads();
 
+// Activation precision of the fused CPU logits and top-k, process-wide.
+// kExact (the default): x is used as f32; the kernels' operands are the
+// reference's and only the summation order differs (the f32 bound
+// γ_H·Σ|x·w| holds). kInt8 (opt-in, llama.cpp-style): x is quantized per
+// block of 32 elements to int8 (s_b = max|x|/127, q = rint(x/s_b)) and the
+// dot products with the stored codes run in integers (VNNI vpdpbusd; the
+// zero point is subtracted exactly in int32), then are scaled by s_b·s_w in
+// f32. Its extra error is that of replacing x by s_b·q:
+// |Δlogit| <= Σ_j |w_j|·s_b(j)/2 (+ the f32 bound). It runs where the
+// active ISA path has VNNI (AVX512_VNNI with the avx512 path, AVX-VNNI with
+// the avx2 path); elsewhere kInt8 runs the exact kernels. Embed and rescore
+// are always exact. Call it between ops, not during one.
+enum class CpuActivations { kExact, kInt8 };
+void set_cpu_activations(CpuActivations a);
+CpuActivations cpu_activations();
+// Whether kInt8 takes effect with the active ISA path on this CPU.
+bool cpu_int8_available();
+
 }  // namespace qhead

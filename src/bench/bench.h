@@ -46,12 +46,18 @@ struct BenchRow {
   int64_t m = 0;
   std::string path;    // "dense", "fallback", "fused", "fused_topk", "ceiling" (read bandwidth),
                        // "compute_ceiling" (CPU: f32 FMA rate), + device-specific extras
+                       // (CPU: "fused_int8", the opt-in int8-activation mode, where VNNI exists)
   double us_median = 0.0;         // median µs per call
   double gbps = 0.0;              // table bytes read per call / time (the ceiling row: the measured bandwidth)
   double bw_fraction = 0.0;       // gbps / measured read bandwidth of the same run
   double speedup_vs_dense = 0.0;  // dense µs / this path's µs (0 when no dense row)
   std::optional<double> read_ceiling_fraction;  // device-specific: fraction of a measured read ceiling
   std::optional<double> matrix_fraction;        // device-specific: fraction of a measured matrix-unit rate
+  // A path that changes the arithmetic (CPU "fused_int8": int8 activations)
+  // against the exact fused path on the same table and x: the largest
+  // |logit difference| and the largest |logit| of the exact path.
+  std::optional<double> max_abs_err;
+  std::optional<double> max_abs_logit;
   std::string note;               // cache residency, copies rotated, caveats
 };
 

@@ -1,8 +1,11 @@
 // run_cpu_bench: every CPU path on the same tables, against the memory read
 // bandwidth measured in the same run.
 //
-//   ceiling     a STREAM-like read (sum of 64-bit words) over a buffer of at
-//               least 4x the last-level cache, on the same thread count; and
+//   ceiling     a STREAM-like read over a buffer of at least 4x the
+//               last-level cache, on the same thread count — the fastest of
+//               a scalar loop of 64-bit adds and full-width vector loads
+//               without / with software prefetch (the fused kernels'
+//               access); and
 //               the f32 FMA rate of the active ISA on all threads (the
 //               compute ceiling: `matrix_fraction` of each row is its
 //               multiply-adds per second over that rate)
@@ -10,6 +13,11 @@
 //   fallback    qhead::logits_fallback: dequantize the whole table + SGEMM
 //   fused       qhead::logits (kAuto: the fused kernels of the best ISA)
 //   fused_topk  qhead::topk, k = cfg.k (the [M, V] logits are never written)
+//   fused_int8  qhead::logits with set_cpu_activations(kInt8) (opt-in int8
+//               activations, VNNI), only where the active path has VNNI;
+//               the row also reports its largest |logit - fused logit| on
+//               the same table and x (max_abs_err) and whether the top-1 id
+//               agrees, per activation row
 //
 // Each path: 2 warm-up calls, then timed calls (cfg.reps, or >= 5 and about
 // 1 s), median reported. Every call uses the next of N copies of its table,
@@ -101,8 +109,13 @@ double time_median(int reps, F&& call, double* cpu_util = nullptr) {
   return median(t);
 }
 
-// The read ceiling: bytes / median time of a full pass over `buf`.
-double measure_read_gbps(int threads, int64_t llc, double* us) {
+// The read ceiling: bytes / median time of a full pass over `buf`, the
+// fastest of three readers: a scalar loop of 64-bit adds (what the hardware
+// prefetchers alone give), and full-width vector loads of the active ISA
+// without and with software prefetch 4 KiB ahead (what the fused kernels
+// do). A kernel can then not look better than the memory by reading it in a
+// way the ceiling does not. *how: which reader won.
+double measure_read_gbps(int threads, int64_t llc, double* us, std::string* how = nullptr) {
   const int64_t bytes = std::max<int64_t>(int64_t{1} << 30, 4 * llc);
   const int64_t words = bytes / 8;
   std::unique_ptr<uint64_t[]> buf(new uint64_t[static_cast<size_t>(words)]);
@@ -112,29 +125,42 @@ double measure_read_gbps(int threads, int64_t llc, double* us) {
     for (int64_t i = b; i < e; ++i) buf[static_cast<size_t>(i)] = static_cast<uint64_t>(i) * 0x9e3779b97f4a7c15ull;
   }, threads);
   volatile uint64_t sink = 0;
-  const double s = time_median(7, [&](int) {
-    std::vector<uint64_t> part(static_cast<size_t>(std::max(1, threads)) * 8, 0);
-    const int64_t chunk = (words + threads - 1) / threads;
-    parallel_for(threads, 1, [&](int64_t tb, int64_t te) {
-      for (int64_t t = tb; t < te; ++t) {
-        const uint64_t* p = buf.get() + t * chunk;
-        const int64_t n = std::min(chunk, words - t * chunk);
-        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-        for (int64_t i = 0; i + 4 <= n; i += 4) {
-          a0 += p[i];
-          a1 += p[i + 1];
-          a2 += p[i + 2];
-          a3 += p[i + 3];
+  const cpu::KernelTable* k = cpu::active_kernels();
+  double best = 0.0;
+  for (int reader = 0; reader < (k != nullptr ? 3 : 1); ++reader) {
+    const double s = time_median(7, [&](int) {
+      std::vector<uint64_t> part(static_cast<size_t>(std::max(1, threads)) * 8, 0);
+      const int64_t chunk = (words + threads - 1) / threads / 64 * 64;  // a multiple of 512 bytes per thread
+      parallel_for(threads, 1, [&](int64_t tb, int64_t te) {
+        for (int64_t t = tb; t < te; ++t) {
+          const uint64_t* p = buf.get() + t * chunk;
+          const int64_t n = t == threads - 1 ? (words - t * chunk) / 64 * 64 : chunk;
+          if (reader > 0) {
+            part[static_cast<size_t>(t) * 8] = k->read_sum(p, n * 8, reader == 2 ? 4096 : 0);
+            continue;
+          }
+          uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+          for (int64_t i = 0; i + 4 <= n; i += 4) {
+            a0 += p[i];
+            a1 += p[i + 1];
+            a2 += p[i + 2];
+            a3 += p[i + 3];
+          }
+          part[static_cast<size_t>(t) * 8] = a0 + a1 + a2 + a3;
         }
-        part[static_cast<size_t>(t) * 8] = a0 + a1 + a2 + a3;
-      }
-    }, threads);
-    uint64_t total = 0;
-    for (uint64_t v : part) total += v;
-    sink = sink + total;
-  });
-  *us = s * 1e6;
-  return static_cast<double>(bytes) / s / 1e9;
+      }, threads);
+      uint64_t total = 0;
+      for (uint64_t v : part) total += v;
+      sink = sink + total;
+    });
+    const double gbps = static_cast<double>(bytes) / s / 1e9;
+    if (gbps > best) {
+      best = gbps;
+      *us = s * 1e6;
+      if (how) *how = reader == 0 ? "scalar 64-bit loads" : reader == 1 ? "vector loads" : "vector loads + prefetch";
+    }
+  }
+  return best;
 }
 
 // Counter-based values: the same table on every run and thread count. Each
@@ -225,7 +251,8 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
   // machine a single measurement may land in a busy moment and flatter every
   // fraction).
   double ceil_us = 0.0;
-  double bw = measure_read_gbps(threads, llc, &ceil_us);
+  std::string ceil_how;
+  double bw = measure_read_gbps(threads, llc, &ceil_us, &ceil_how);
   int n_ceiling = 1;
   {
     BenchRow r;
@@ -234,8 +261,8 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
     r.gbps = bw;
     r.bw_fraction = 1.0;
     r.note = "STREAM-like read of " + std::to_string(std::max<int64_t>(int64_t{1} << 30, 4 * llc) >> 20) +
-             " MiB, " + std::to_string(threads) + " threads, LLC " + std::to_string(llc >> 20) + " MiB; CPU path " +
-             cpu_isa_name(active_cpu_isa());
+             " MiB, " + std::to_string(threads) + " threads, LLC " + std::to_string(llc >> 20) +
+             " MiB, fastest of scalar / vector / vector+prefetch readers; CPU path " + cpu_isa_name(active_cpu_isa());
     rows.push_back(r);
   }
   double fma_rate = measure_fma_rate(threads);
@@ -296,7 +323,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
         r.note = note + u;
         return r;
       };
-      double u_dense = 0, u_fallback = 0, u_fused = 0, u_topk = 0;
+      double u_dense = 0, u_fallback = 0, u_fused = 0, u_topk = 0, u_int8 = 0;
       // The fused paths first, after a pause: OpenBLAS worker threads spin for
       // a while after each BLAS call and would take cores from them.
       std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -306,6 +333,36 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
       const double t_topk = time_median(cfg.reps, [&](int i) {
         topk(packed[static_cast<size_t>(i) % packed.size()], x.view(), k, vals.view(), ids.view(), lse.view());
       }, &u_topk);
+      // The opt-in int8-activation mode, and its difference from the exact
+      // fused path on the first copy.
+      const bool int8 = cpu_int8_available() && (scheme.bits == 4 || scheme.bits == 8) && h % 32 == 0 &&
+                        scheme.group_len(h) % 32 == 0;
+      double t_int8 = 0.0, int8_err = 0.0, int8_max = 0.0;
+      int64_t int8_top1 = 0;
+      if (int8) {
+        Tensor exact = Tensor::empty(DType::kF32, {m, v});
+        logits(packed[0], x.view(), exact.view());
+        set_cpu_activations(CpuActivations::kInt8);
+        try {
+          t_int8 = time_median(cfg.reps, [&](int i) {
+            logits(packed[static_cast<size_t>(i) % packed.size()], x.view(), out.view());
+          }, &u_int8);
+          logits(packed[0], x.view(), out.view());
+        } catch (...) {
+          set_cpu_activations(CpuActivations::kExact);
+          throw;
+        }
+        set_cpu_activations(CpuActivations::kExact);
+        for (int64_t i = 0; i < m; ++i) {
+          const float* e = exact.ptr<float>() + i * v;
+          const float* q = out.ptr<float>() + i * v;
+          for (int64_t r = 0; r < v; ++r) {
+            int8_err = std::max(int8_err, static_cast<double>(std::fabs(q[r] - e[r])));
+            int8_max = std::max(int8_max, static_cast<double>(std::fabs(e[r])));
+          }
+          if (std::max_element(e, e + v) - e == std::max_element(q, q + v) - q) ++int8_top1;
+        }
+      }
       const double t_dense = time_median(cfg.reps, [&](int i) {
         const float* w = dense_copies[static_cast<size_t>(i) % dense_copies.size()].ptr<float>();
         if (m == 1)
@@ -336,14 +393,29 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
         r.speedup_vs_dense = t_dense / t;
         rows.push_back(r);
       }
+      if (int8) {
+        char buf[256];
+        std::snprintf(buf, sizeof buf,
+                      "%s kernels, int8 activations (opt-in, per-32 block scales, VNNI): max |logit - fused| = %.3g "
+                      "(%.2g of max |logit| %.3g), top-1 id same in %lld of %lld rows; %s",
+                      cpu_isa_name(active_cpu_isa()), int8_err, int8_max > 0 ? int8_err / int8_max : 0.0, int8_max,
+                      static_cast<long long>(int8_top1), static_cast<long long>(m), packed_note.c_str());
+        BenchRow r = row("fused_int8", t_int8, packed_bytes, u_int8, buf);
+        r.speedup_vs_dense = t_dense / t_int8;
+        r.max_abs_err = int8_err;
+        r.max_abs_logit = int8_max;
+        rows.push_back(r);
+      }
     }
     // Measure the ceilings again (the case's tables are still allocated: the
     // read buffer is separate, 4x the LLC).
     double us = 0.0;
-    const double bw_now = measure_read_gbps(threads, llc, &us);
+    std::string how;
+    const double bw_now = measure_read_gbps(threads, llc, &us, &how);
     if (bw_now > bw) {
       bw = bw_now;
       ceil_us = us;
+      ceil_how = how;
     }
     fma_rate = std::max(fma_rate, measure_fma_rate(threads));
     ++n_ceiling;
@@ -356,7 +428,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
   }
   rows[ceiling_row].gbps = bw;
   rows[ceiling_row].us_median = ceil_us;
-  rows[ceiling_row].note += "; the largest of " + std::to_string(n_ceiling) + " measurements in this run";
+  rows[ceiling_row].note += "; the largest of " + std::to_string(n_ceiling) + " measurements in this run (" + ceil_how + ")";
   if (fma_row) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "f32 FMA rate %.1f G multiply-adds/s (%s, %d threads; the largest of %d measurements)",

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,8 @@ namespace {
 struct CpuFeatures {
   bool avx2 = false;    // AVX2 + FMA + F16C, with the OS saving YMM state
   bool avx512 = false;  // + AVX-512 F/BW/VL/DQ, with the OS saving ZMM/opmask state
+  bool avx_vnni = false;     // AVX-VNNI (VEX vpdpbusd on ymm), with avx2
+  bool avx512_vnni = false;  // AVX512_VNNI, with avx512
 };
 
 CpuFeatures detect() {
@@ -51,6 +54,8 @@ CpuFeatures detect() {
   const bool avx512 = ((b >> 16) & 1) && ((b >> 17) & 1) && ((b >> 30) & 1) && ((b >> 31) & 1);  // F DQ BW VL
   f.avx2 = os_ymm && avx2 && fma && f16c;
   f.avx512 = f.avx2 && os_zmm && avx512;
+  f.avx512_vnni = f.avx512 && ((c >> 11) & 1);
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) f.avx_vnni = f.avx2 && ((a >> 4) & 1);
 #endif
   return f;
 }
@@ -61,6 +66,7 @@ const CpuFeatures& features() {
 }
 
 std::atomic<int> g_forced_isa{static_cast<int>(CpuIsa::kAuto)};
+std::atomic<int> g_activations{static_cast<int>(CpuActivations::kExact)};
 
 bool isa_available(CpuIsa isa) {
   switch (isa) {
@@ -110,6 +116,10 @@ CpuIsa active_cpu_isa() {
   return CpuIsa::kReference;
 }
 
+void set_cpu_activations(CpuActivations a) { g_activations.store(static_cast<int>(a)); }
+
+CpuActivations cpu_activations() { return static_cast<CpuActivations>(g_activations.load()); }
+
 void set_num_threads(int n) {
   std::lock_guard<std::mutex> lock(g_pool_mu);
   g_threads = std::max(0, n);
@@ -149,7 +159,36 @@ const KernelTable* active_kernels() { return kernels(); }
 
 namespace {
 
+// The active kernels can run the int8 mode on this CPU.
+bool int8_runnable(const KernelTable* k) {
+  if (k == nullptr || k->logits_block_int8 == nullptr) return false;
+  return k->int8_vnni == 1 ? features().avx512_vnni : k->int8_vnni == 2 ? features().avx_vnni : false;
+}
+
+}  // namespace
+}  // namespace cpu
+
+bool cpu_int8_available() { return cpu::int8_runnable(cpu::kernels()); }
+
+namespace cpu {
+
+namespace {
+
 int dtype_kind(DType t) { return t == DType::kF32 ? 0 : t == DType::kF16 ? 1 : 2; }
+
+// The kernels' software-prefetch distance (kernels.h PackedArgs): 4 KiB for
+// 4-bit, 8 KiB for 8-bit tables, measured on the development VM
+// (docs/performance.md); any distance of 2-16 KiB was within noise there,
+// none at all cost 1.6-2x. QHEAD_CPU_PREFETCH=<bytes> (0: off) overrides it,
+// read once per process — a diagnostic knob for measuring other machines.
+int64_t prefetch_distance(int bits) {
+  static const int64_t env = [] {
+    const char* e = std::getenv("QHEAD_CPU_PREFETCH");
+    return e ? std::max<int64_t>(0, std::atoll(e)) : -1;
+  }();
+  if (env >= 0) return env;
+  return bits == 4 ? 4096 : 8192;
+}
 
 // The kernels' view of a packed table; false if they do not take it.
 bool packed_args(const Table& t, PackedArgs& a) {
@@ -169,6 +208,7 @@ bool packed_args(const Table& t, PackedArgs& a) {
   a.hidden = h;
   a.groups = s.groups(h);
   a.group_len = gl;
+  a.prefetch_bytes = prefetch_distance(a.bits);
   return true;
 }
 
@@ -205,7 +245,127 @@ std::vector<float> prepare_x(const TensorView& x, int bits, const KernelTable& k
   return xp;
 }
 
+// The int8 mode's activations (kernels.h Int8X): x quantized per block of 32
+// elements, laid out per (row, chunk) in the order the VNNI kernel pairs them
+// with the packed bytes, plus per-lane block scales, per-lane Σq (and its
+// multiple by the symmetric offset) and the lanes' weight-group indices.
+struct Int8Acts {
+  std::vector<int8_t> q;
+  std::vector<float> sx;
+  std::vector<int32_t> t, nt, gidx;
+  std::vector<int64_t> g0;
+  Int8X view;
+};
+
+Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTable& k) {
+  const int64_t m = x.size(0), h = x.size(1), lanes = k.lanes;
+  const int64_t ce = a.bits == 4 ? k.chunk4_int8 : k.chunk8_int8;  // elements per chunk
+  const int64_t per_lane = ce / lanes;                               // 8 (4-bit) or 4 (8-bit)
+  const int64_t nch = (h + ce - 1) / ce;
+  std::vector<float> xf(static_cast<size_t>(m * h));
+  convert(x.data, x.dtype, xf.data(), DType::kF32, m * h);
+  // Quantize: per block of 32, s = max|x| / 127, q = rint(x / s) (|q| <= 127
+  // since |x / s| <= 127·(1 + 2^-24) < 127.5). A block of zeros has s = 0 and
+  // q = 0; a block with a non-finite value gets s = NaN (its logits are NaN,
+  // as the exact path's would be) and q = 0.
+  std::vector<int8_t> qn(static_cast<size_t>(m * h));
+  std::vector<float> sb(static_cast<size_t>(m * h / 32));
+  for (int64_t b = 0; b < m * h / 32; ++b) {
+    const float* xb = xf.data() + b * 32;
+    float amax = 0.0f;
+    for (int e = 0; e < 32; ++e) amax = std::max(amax, std::fabs(xb[e]));
+    if (!std::isfinite(amax)) amax = std::numeric_limits<float>::quiet_NaN();
+    const float s = amax / 127.0f;
+    sb[static_cast<size_t>(b)] = s;
+    // rint(v) for |v| <= 127.5: adding 1.5·2^23 rounds v to an integer (to
+    // nearest, ties to even, in the default rounding mode) and subtracting it
+    // back is exact. (std::nearbyint is a libm call here, 10x slower.)
+    constexpr float kRound = 12582912.0f;
+    for (int e = 0; e < 32; ++e)
+      qn[static_cast<size_t>(b * 32 + e)] =
+          s > 0.0f ? static_cast<int8_t>((xb[e] / s + kRound) - kRound) : static_cast<int8_t>(0);
+  }
+  Int8Acts r;
+  r.q.assign(static_cast<size_t>(m * nch * ce), 0);
+  r.sx.assign(static_cast<size_t>(m * nch * lanes), 0.0f);
+  r.t.assign(static_cast<size_t>(m * nch * lanes), 0);
+  r.nt.assign(static_cast<size_t>(m * nch * lanes), 0);
+  const int32_t half = 1 << (a.bits - 1);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t c = 0; c < nch; ++c) {
+      const int64_t at = c * m + i, cs = c * ce;
+      int8_t* dst = r.q.data() + at * ce;
+      for (int64_t e = 0; e < ce && cs + e < h; ++e) {
+        const int8_t v = qn[static_cast<size_t>(i * h + cs + e)];
+        // 4-bit: the chunk's even elements first (paired with the low
+        // nibbles), then the odd ones; 8-bit: in order.
+        dst[a.bits == 4 ? (e % 2) * (ce / 2) + e / 2 : e] = v;
+        const size_t l = static_cast<size_t>(at * lanes + e / per_lane);
+        r.t[l] += v;
+        r.sx[l] = sb[static_cast<size_t>((i * h + cs + e) / 32)];
+      }
+      for (int64_t l = 0; l < lanes; ++l) r.nt[static_cast<size_t>(at * lanes + l)] = -half * r.t[static_cast<size_t>(at * lanes + l)];
+    }
+  r.gidx.assign(static_cast<size_t>(nch * lanes), 0);
+  r.g0.assign(static_cast<size_t>(nch), 0);
+  for (int64_t c = 0; c < nch; ++c) {
+    const int64_t g0 = c * ce / a.group_len;
+    r.g0[static_cast<size_t>(c)] = g0;
+    for (int64_t l = 0; l < lanes; ++l)
+      r.gidx[static_cast<size_t>(c * lanes + l)] =
+          static_cast<int32_t>(std::min((c * ce + l * per_lane) / a.group_len, a.groups - 1) - g0);
+  }
+  const int64_t tail = h - (nch - 1) * ce;  // elements of the last chunk
+  r.view.q = r.q.data();
+  r.view.sx = r.sx.data();
+  r.view.t = r.t.data();
+  r.view.nt = r.nt.data();
+  r.view.gidx = r.gidx.data();
+  r.view.g0 = r.g0.data();
+  r.view.nch = nch;
+  r.view.m = m;
+  r.view.tail_bytes = tail * a.bits / 8;
+  return r;
+}
+
+// One call's activations in the form the chosen kernel reads, and the call
+// of that kernel on a row block.
+struct PreparedX {
+  const KernelTable* k = nullptr;
+  bool int8 = false;
+  std::vector<float> xp;  // exact
+  Int8Acts i8;            // int8
+  int64_t scratch_floats = 0;
+
+  PreparedX(const TensorView& x, const PackedArgs& a, const KernelTable* kt) : k(kt) {
+    int8 = cpu_activations() == CpuActivations::kInt8 && int8_runnable(kt);
+    if (int8)
+      i8 = prepare_x_int8(x, a, *kt);
+    else
+      xp = prepare_x(x, a.bits, *kt);
+    scratch_floats = 2 * (kBlockRows * a.groups + kt->lanes);
+  }
+  void block(const PackedArgs& a, int64_t m, int64_t r0, int64_t r1, float* out, int64_t ldo, float* scratch) const {
+    if (int8)
+      k->logits_block_int8(a, i8.view, m, r0, r1, out, ldo, scratch);
+    else
+      k->logits_block(a, xp.data(), m, r0, r1, out, ldo, scratch);
+  }
+};
+
 int64_t n_blocks(int64_t v) { return (v + kBlockRows - 1) / kBlockRows; }
+
+// How the vocab blocks are handed to the threads (thread_pool.h):
+// contiguous shares with stealing, so each thread streams one long run of
+// rows. QHEAD_CPU_SCHEDULE=shared (one counter, blocks interleaved between
+// threads) is a diagnostic knob, read once per process.
+ThreadPool::Schedule sched() {
+  static const bool shared = [] {
+    const char* e = std::getenv("QHEAD_CPU_SCHEDULE");
+    return e && std::string(e) == "shared";
+  }();
+  return shared ? ThreadPool::Schedule::kShared : ThreadPool::Schedule::kContiguous;
+}
 
 // Larger value first, then lower id (the reference's order).
 struct Cand {
@@ -222,16 +382,16 @@ bool logits(const Table& table, const TensorView& x, const TensorView& out) {
   if (k == nullptr || !packed_args(table, a)) return false;
   const int64_t m = x.size(0), v = a.vocab;
   if (m == 0) return true;
-  const std::vector<float> xp = prepare_x(x, a.bits, *k);
+  const PreparedX px(x, a, k);
   auto p = pool();
   std::vector<std::vector<float>> scratch(static_cast<size_t>(p->size()));
   float* o = out.ptr<float>();
   p->run(n_blocks(v), [&](int64_t b, int w) {
     auto& s = scratch[static_cast<size_t>(w)];
-    if (s.empty()) s.resize(static_cast<size_t>(2 * kBlockRows * a.groups));
+    if (s.empty()) s.resize(static_cast<size_t>(px.scratch_floats));
     const int64_t r0 = b * kBlockRows, r1 = std::min(v, r0 + kBlockRows);
-    k->logits_block(a, xp.data(), m, r0, r1, o + r0, v, s.data());
-  });
+    px.block(a, m, r0, r1, o + r0, v, s.data());
+  }, sched());
   return true;
 }
 
@@ -242,7 +402,7 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   if (kt == nullptr || !packed_args(table, a)) return false;
   const int64_t m = x.size(0), v = a.vocab;
   if (m == 0) return true;
-  const std::vector<float> xp = prepare_x(x, a.bits, *kt);
+  const PreparedX px(x, a, kt);
   auto p = pool();
 
   // Per thread: a [M, kBlockRows] logits buffer (the [M, V] logits are never
@@ -259,7 +419,7 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   p->run(n_blocks(v), [&](int64_t b, int w) {
     PerThread& t = st[static_cast<size_t>(w)];
     if (t.buf.empty()) {
-      t.scratch.resize(static_cast<size_t>(2 * kBlockRows * a.groups));
+      t.scratch.resize(static_cast<size_t>(px.scratch_floats));
       t.buf.resize(static_cast<size_t>(m * kBlockRows));
       t.heap.resize(static_cast<size_t>(m));
       for (auto& h : t.heap) h.reserve(static_cast<size_t>(k));
@@ -267,7 +427,7 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
       t.sum.assign(static_cast<size_t>(m), 0.0);
     }
     const int64_t r0 = b * kBlockRows, r1 = std::min(v, r0 + kBlockRows), n = r1 - r0;
-    kt->logits_block(a, xp.data(), m, r0, r1, t.buf.data(), kBlockRows, t.scratch.data());
+    px.block(a, m, r0, r1, t.buf.data(), kBlockRows, t.scratch.data());
     for (int64_t i = 0; i < m; ++i) {
       const float* l = t.buf.data() + i * kBlockRows;
       const size_t si = static_cast<size_t>(i);
@@ -278,19 +438,25 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
       }
       if (t.mx[si] > -std::numeric_limits<float>::infinity()) t.sum[si] += kt->sum_exp(l, n, t.mx[si]);
       auto& heap = t.heap[si];
-      for (int64_t j = 0; j < n; ++j) {
+      int64_t j = 0;
+      for (; j < n && static_cast<int64_t>(heap.size()) < k; ++j) {  // filling the heap
+        heap.push_back({l[j], static_cast<int32_t>(r0 + j)});
+        std::push_heap(heap.begin(), heap.end(), worse_on_top);
+      }
+      // Full heap: one compare per logit against the k-th best value so far
+      // (almost every logit fails it), the heap touched only for the others.
+      float thr = heap.front().value;
+      for (; j < n; ++j) {
+        if (!(l[j] >= thr)) continue;
         const Cand c{l[j], static_cast<int32_t>(r0 + j)};
-        if (static_cast<int64_t>(heap.size()) < k) {
-          heap.push_back(c);
-          std::push_heap(heap.begin(), heap.end(), worse_on_top);
-        } else if (c.value >= heap.front().value && better(c, heap.front())) {
-          std::pop_heap(heap.begin(), heap.end(), worse_on_top);
-          heap.back() = c;
-          std::push_heap(heap.begin(), heap.end(), worse_on_top);
-        }
+        if (!better(c, heap.front())) continue;
+        std::pop_heap(heap.begin(), heap.end(), worse_on_top);
+        heap.back() = c;
+        std::push_heap(heap.begin(), heap.end(), worse_on_top);
+        thr = heap.front().value;
       }
     }
-  });
+  }, sched());
 
   // Merge: the k best of the per-thread candidates (a total order, so the
   // result does not depend on the thread count), and the log-sum-exps.

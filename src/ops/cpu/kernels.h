@@ -27,6 +27,35 @@ struct PackedArgs {
   int64_t hidden = 0;               // H, a multiple of 32
   int64_t groups = 1;               // G (1 per row)
   int64_t group_len = 0;            // H / G, a multiple of 32
+  // Software prefetch distance in bytes: while a tile of rows is read, the
+  // kernel prefetches the bytes this far past it, spread evenly over the
+  // tile's chunks (one prefetch per chunk), and the next block's scales at
+  // the start of a block. 0: none. The distance is in bytes, not rows, so
+  // that it covers the same memory latency for every row length.
+  int64_t prefetch_bytes = 0;
+};
+
+// The activations of the int8 mode (cpu_ops.cc prepare_x_int8), per
+// activation row m and chunk k of CE elements (CE = 8·lanes for 4-bit tables,
+// 4·lanes for 8-bit; the last chunk of a row may be partial and is
+// zero-padded). x is quantized per block of 32 consecutive elements:
+// s_b = max|x| / 127 (f32), q = rint(x / s_b) in [-127, 127].
+// The kernel's VNNI dot product sums 4 byte products into each dword lane;
+// lane l of a chunk covers elements 8l .. 8l+7 (4-bit: the low nibbles of
+// bytes 4l .. 4l+3 are elements 8l, 8l+2, 8l+4, 8l+6 and the high nibbles the
+// odd ones) or 4l .. 4l+3 (8-bit), so everything per lane below is per those.
+// Chunk-major ([nch][M][...]), so the MB rows of an m-block are adjacent
+// for every chunk: the kernel addresses them with constant offsets.
+struct Int8X {
+  const int8_t* q = nullptr;    // [nch][M][CE] bytes; 4-bit: the chunk's even elements, then its odd ones
+  const float* sx = nullptr;    // [nch][M][lanes] the lane's block scale s_b (0 in padding)
+  const int32_t* t = nullptr;   // [nch][M][lanes] Σ q over the lane's elements
+  const int32_t* nt = nullptr;  // [nch][M][lanes] -2^(b-1) · t (the symmetric zero-point term)
+  int64_t m = 0;                // M
+  const int32_t* gidx = nullptr;  // [nch][lanes] the lane's weight group minus g0[k] (clamped to the row)
+  const int64_t* g0 = nullptr;    // [nch] the first weight group of chunk k
+  int64_t nch = 0;              // chunks per row: ceil(H / CE)
+  int64_t tail_bytes = 0;       // packed bytes of the last chunk of a row (a full chunk: 4·lanes)
 };
 
 // The rows a logits kernel call handles at most (the scratch it needs is
@@ -46,6 +75,8 @@ struct KernelTable {
   // Elements per chunk of a 4-bit (two vectors) and an 8-bit (one vector)
   // row: the kernel consumes a chunk of every tile row at a time.
   int chunk4, chunk8;
+  // The same for the int8 mode (8·lanes and 4·lanes: one vector of packed bytes).
+  int chunk4_int8, chunk8_int8;
 
   // out[m * ldo + (r - r0)] = Σ_j x[m, j] · w[r, j] for r in [r0, r1), m in
   // [0, M). r1 - r0 <= kBlockRows. xp: the activations as f32 in panels
@@ -58,6 +89,15 @@ struct KernelTable {
   // on the block split or the thread that computes it.
   void (*logits_block)(const PackedArgs& a, const float* xp, int64_t m, int64_t r0, int64_t r1,
                        float* out, int64_t ldo, float* scratch);
+  // The int8-activation mode (qhead::CpuActivations::kInt8): as
+  // logits_block, with x given as Int8X and the dot products in integers
+  // (VNNI): per lane Σ (c - zc)·q exactly in int32, then scaled by
+  // s_b · s_g in f32. Null when this ISA build has no such kernel; usable
+  // only when CPUID reports `int8_vnni` (1: AVX512_VNNI, 2: AVX_VNNI).
+  // scratch: at least 2 * kBlockRows * G + 2 * lanes floats.
+  void (*logits_block_int8)(const PackedArgs& a, const Int8X& x, int64_t m, int64_t r0, int64_t r1, float* out,
+                            int64_t ldo, float* scratch);
+  int int8_vnni;
   // Row r dequantized into out[H] (natural order), exactly as the reference:
   // w = float(q - z) * s.
   void (*dequant_row)(const PackedArgs& a, int64_t r, float* out);
@@ -71,6 +111,10 @@ struct KernelTable {
   // The benchmark's compute ceiling: `iters` rounds of 12 independent vector
   // FMAs (12 · iters · lanes lane-FMAs); returns a value to keep it alive.
   float (*fma_burn)(int64_t iters);
+  // The benchmark's read ceiling: a sum over `bytes` (a multiple of 4·lanes·4)
+  // at p read with full-width vector loads, software-prefetching `prefetch`
+  // bytes ahead as the kernels do (0: none); returns a value to keep it alive.
+  uint64_t (*read_sum)(const void* p, int64_t bytes, int64_t prefetch);
   int lanes;  // f32 lanes per vector
 };
 
