@@ -431,29 +431,33 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
     for (int64_t i = 0; i < m; ++i) {
       const float* l = t.buf.data() + i * kBlockRows;
       const size_t si = static_cast<size_t>(i);
-      const float bm = kt->max(l, n);
-      if (bm > t.mx[si]) {
+      auto& heap = t.heap[si];
+      const bool full = static_cast<int64_t>(heap.size()) == k;
+      float bm;
+      uint64_t ge;  // with a full heap: the block's logits >= its k-th best value, the only ones that can enter
+      const double s = kt->topk_block(l, n, t.mx[si], full ? heap.front().value : -std::numeric_limits<float>::infinity(),
+                                      &bm, &ge);
+      if (bm > t.mx[si]) {  // s is relative to the new running max
         t.sum[si] *= std::exp(static_cast<double>(t.mx[si]) - static_cast<double>(bm));
         t.mx[si] = bm;
       }
-      if (t.mx[si] > -std::numeric_limits<float>::infinity()) t.sum[si] += kt->sum_exp(l, n, t.mx[si]);
-      auto& heap = t.heap[si];
-      int64_t j = 0;
-      for (; j < n && static_cast<int64_t>(heap.size()) < k; ++j) {  // filling the heap
-        heap.push_back({l[j], static_cast<int32_t>(r0 + j)});
-        std::push_heap(heap.begin(), heap.end(), worse_on_top);
+      t.sum[si] += s;
+      if (!full) {
+        int64_t j = 0;
+        for (; j < n && static_cast<int64_t>(heap.size()) < k; ++j) {  // filling the heap
+          heap.push_back({l[j], static_cast<int32_t>(r0 + j)});
+          std::push_heap(heap.begin(), heap.end(), worse_on_top);
+        }
+        ge = 0;
+        for (; j < n; ++j) ge |= uint64_t{1} << j;  // the rest of the block: check them all
       }
-      // Full heap: one compare per logit against the k-th best value so far
-      // (almost every logit fails it), the heap touched only for the others.
-      float thr = heap.front().value;
-      for (; j < n; ++j) {
-        if (!(l[j] >= thr)) continue;
+      for (; ge != 0; ge &= ge - 1) {
+        const int j = __builtin_ctzll(ge);
         const Cand c{l[j], static_cast<int32_t>(r0 + j)};
         if (!better(c, heap.front())) continue;
         std::pop_heap(heap.begin(), heap.end(), worse_on_top);
         heap.back() = c;
         std::push_heap(heap.begin(), heap.end(), worse_on_top);
-        thr = heap.front().value;
       }
     }
   }, sched());

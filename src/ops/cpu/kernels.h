@@ -101,11 +101,13 @@ struct KernelTable {
   // Row r dequantized into out[H] (natural order), exactly as the reference:
   // w = float(q - z) * s.
   void (*dequant_row)(const PackedArgs& a, int64_t r, float* out);
-  // max_i l[i] (n >= 1).
-  float (*max)(const float* l, int64_t n);
   // Σ_i exp(l[i] - mx) with a vectorized exp (|rel. error| < 4e-7 per term),
   // accumulated in f32 lanes; for l[i] <= mx.
   double (*sum_exp)(const float* l, int64_t n, float mx);
+  // The top-k epilogue of a block of n <= kBlockRows logits: *bm = max l,
+  // *ge = bitmask of l[i] >= thr, returns Σ exp(l[i] - max(mx, *bm)) (as
+  // sum_exp; 0 when that max is -inf).
+  double (*topk_block)(const float* l, int64_t n, float mx, float thr, float* bm, uint64_t* ge);
   // Σ_j x[j] · row[j] in f32, row of dtype kind 0 F32 / 1 F16 / 2 BF16.
   float (*dot_dense)(const float* x, const void* row, int kind, int64_t h);
   // The benchmark's compute ceiling: `iters` rounds of 12 independent vector

@@ -735,6 +735,7 @@ void dequant_row(const PackedArgs& a, int64_t r, float* out) {
 
 // ---- top-k / log-sum-exp helpers and the dense dot ------------------------------------------
 
+// max_i l[i] (n >= 1).
 float max_of(const float* l, int64_t n) {
   VF mx = vset(-INFINITY);
   int64_t i = 0;
@@ -755,6 +756,30 @@ double sum_exp(const float* l, int64_t n, float mx) {
   double total = static_cast<double>(vsum(s0)) + static_cast<double>(vsum(s1));
   for (; i < n; ++i) total += static_cast<double>(::expf(l[i] - mx));
   return total;
+}
+
+// The top-k epilogue of one block of n <= 64 logits (one activation row):
+// *bm = max_i l[i]; *ge = bitmask of the i with l[i] >= thr (the current
+// k-th best value: only those can enter the heap); returns
+// Σ exp(l[i] - max(mx, *bm)) as sum_exp computes it (0 when that max is -inf).
+double topk_block(const float* l, int64_t n, float mx, float thr, float* bm, uint64_t* ge) {
+  const float b = max_of(l, n);
+  *bm = b;
+  const VF vt = vset(thr);
+  uint64_t mask = 0;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+#if defined(QHEAD_ISA_AVX512)
+    mask |= static_cast<uint64_t>(_mm512_cmp_ps_mask(vload(l + i), vt, _CMP_GE_OQ)) << i;
+#else
+    mask |= static_cast<uint64_t>(static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(vload(l + i), vt, _CMP_GE_OQ)))) << i;
+#endif
+  }
+  for (; i < n; ++i)
+    if (l[i] >= thr) mask |= uint64_t{1} << i;
+  *ge = mask;
+  const float m2 = b > mx ? b : mx;
+  return m2 > -INFINITY ? sum_exp(l, n, m2) : 0.0;
 }
 
 float dot_dense(const float* x, const void* row, int kind, int64_t h) {
@@ -838,7 +863,7 @@ constexpr auto* kLogitsInt8 = &logits_block_int8;
 
 const KernelTable kTable = {
     QHEAD_ISA_NAME, Deq4::CE, Deq8::CE, 8 * W, 4 * W, &logits_block, kLogitsInt8, kInt8Vnni,
-    &dequant_row, &max_of, &sum_exp, &dot_dense, &fma_burn, &read_sum, W,
+    &dequant_row, &sum_exp, &topk_block, &dot_dense, &fma_burn, &read_sum, W,
 };
 
 }  // namespace qhead::cpu::QHEAD_ISA_NS
