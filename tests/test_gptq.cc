@@ -152,16 +152,22 @@ Tensor random_x(int64_t m, int64_t h, uint64_t seed) { return qt::random_tensor(
 struct Oracle {
   std::vector<double> l, tol;
 };
-Oracle oracle(const std::vector<float>& w, const Tensor& x, int64_t v, int64_t h) {
-  const int64_t m = x.size(0);
+// CPU: f32 accumulation in any order (logit_tol). CUDA (`cuda`): the kernels
+// add at most one f32 rounding per group scale on top (γ_{H+H+1}(2u32) covers
+// any grouping, as tests/test_cuda.cc derives), and the dequant + cuBLAS path
+// rounds each weight to f16 once (u16).
+Oracle oracle(const std::vector<float>& w, const std::vector<float>& x, int64_t m, int64_t v, int64_t h, bool cuda) {
   Oracle o;
   o.l.resize(static_cast<size_t>(m * v));
   o.tol.resize(o.l.size());
   for (int64_t r = 0; r < m; ++r)
     for (int64_t n = 0; n < v; ++n) {
-      const qt::Dot d = qt::dot_f64(x.ptr<float>() + r * h, w.data() + n * h, h);
+      const qt::Dot d = qt::dot_f64(x.data() + r * h, w.data() + n * h, h);
       o.l[static_cast<size_t>(r * v + n)] = d.value;
-      o.tol[static_cast<size_t>(r * v + n)] = qt::logit_tol(d, h);
+      o.tol[static_cast<size_t>(r * v + n)] =
+          cuda ? (qt::gamma_n(2 * h + 1, 2 * qt::kU32) + qt::unit_roundoff(DType::kF16) + qt::gamma_n(h + 4, qt::kU64)) *
+                         d.abs_sum + 1e-30
+               : qt::logit_tol(d, h);
     }
   return o;
 }
@@ -175,8 +181,10 @@ void check_ops(const Table& host_table, const std::vector<float>& w, Backend bac
   auto host = [&](const Tensor& x) { return cuda ? cuda::to_host(x.view()) : x; };
   for (int64_t m : {int64_t(1), int64_t(3), int64_t(17)}) {
     SCOPED_TRACE("M = " + std::to_string(m));
-    const Tensor x = random_x(m, h, seed + static_cast<uint64_t>(m));
-    const Oracle o = oracle(w, x, v, h);
+    // CUDA ops take f16/bf16 activations; the oracle sees the same values.
+    const Tensor x = cuda ? qt::random_tensor(DType::kF16, m, h, seed + static_cast<uint64_t>(m))
+                          : random_x(m, h, seed + static_cast<uint64_t>(m));
+    const Oracle o = oracle(w, qt::to_f32(x.view()), m, v, h, cuda);
     // logits
     Tensor out = Tensor::empty(DType::kF32, {m, v});
     qt::poison(out.view());
