@@ -13,6 +13,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <numeric>
 
 #include "qhead/cuda.h"
@@ -212,58 +214,226 @@ TEST(Cuda, EmbedMatchesDequantizedRows) {
       }
 }
 
-TEST(Cuda, TopkMatchesOracle) {
+// ---- top-k ---------------------------------------------------------------------------------
+//
+// Two checks per case:
+//  1. Against the kernel's own logits: topk runs the same logits arithmetic
+//     as `logits` with the same backend and M (the fused kernel with the same
+//     configuration, or cuBLAS), so its values and ids must equal, bit for
+//     bit, the exact top-k (value descending, lower id first) of those logits
+//     — for every activation row, with no tie ambiguity. Its log-sum-exp is
+//     held to the f32 summation bound of a sum of positive terms:
+//       |Δlse| <= γ_n(2^-24) + 2^-21   (n = longest chain of additions, taken
+//     as V/8 + 64 — each column's terms are spread over >= 8 lanes — plus
+//     about 2 ulp of expf per term).
+//  2. Against the float64 oracle on dequantized weights, for up to two rows:
+//     each value within the logit bound of its id, each id a true top-k id
+//     or tied with the k-th within tolerance, the lse within the largest
+//     logit bound.
+
+struct TopkCase {
+  int bits, group;
+  bool sym;
+  DType act;
+  int64_t V, M, k;
+  Backend backend;
+};
+
+// Exact top-k of one row of logits (the reference's order).
+std::vector<int32_t> exact_topk(const float* l, int64_t V, int64_t k) {
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+  order.resize(static_cast<size_t>(k));
+  return order;
+}
+
+void check_topk(const TopkCase& c, uint64_t seed) {
+  QuantScheme s;
+  s.bits = c.bits;
+  s.group_size = c.group;
+  s.symmetric = c.sym;
+  s.scale_dtype = (seed % 3 == 0) ? DType::kF32 : c.act;
+  const int64_t H = 1024, V = c.V, M = c.M, K = c.k;
+  SCOPED_TRACE(s.name() + " act=" + dtype_name(c.act) + " V=" + std::to_string(V) + " M=" + std::to_string(M) +
+               " k=" + std::to_string(K) + (c.backend == Backend::kFallbackBlas ? " (fallback)" : "") +
+               (c.backend == Backend::kFused ? " (fused)" : ""));
+  const PackedTable host = random_packed(V, H, s, seed);
+  const Table dev = cuda::to_device(Table::packed(host));
+  const Tensor xh = random_tensor(c.act, M, H, seed + 1);
+  const Tensor xd = upload(xh);
+  // The logits the top-k is computed from, by the same path.
+  Tensor ld = poisoned_device(DType::kF32, {M, V});
+  logits(dev, xd.view(), ld.view(), c.backend);
+  Tensor vals = poisoned_device(DType::kF32, {M, K}), ids = poisoned_device(DType::kI32, {M, K}),
+         lse = poisoned_device(DType::kF32, {M});
+  topk(dev, xd.view(), K, vals.view(), ids.view(), lse.view(), c.backend);
+  cuda::synchronize();
+  const Tensor lh = download(ld), vh = download(vals), ih = download(ids), sh = download(lse);
+  ASSERT_EQ(count_nan(vh.view()) + count_nan(sh.view()), 0) << "unwritten (NaN-poisoned) outputs remain";
+  const double lse_tol = gamma_n(V / 8 + 64, kU32) + std::ldexp(1.0, -21);
+  int bad = 0;
+  for (int64_t m = 0; m < M && bad < 5; ++m) {
+    const float* l = lh.ptr<float>() + m * V;
+    const std::vector<int32_t> want = exact_topk(l, V, K);
+    for (int64_t j = 0; j < K; ++j) {
+      const int32_t id = ih.ptr<int32_t>()[m * K + j];
+      const float v = vh.ptr<float>()[m * K + j];
+      if (id != want[size_t(j)] || !(v == l[want[size_t(j)]])) {
+        ADD_FAILURE() << "m=" << m << " j=" << j << " got id " << id << " value " << v << ", want id "
+                      << want[size_t(j)] << " value " << l[want[size_t(j)]];
+        ++bad;
+        break;
+      }
+    }
+    double mx = -INFINITY, sum = 0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(l[v]));
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(l[v]) - mx);
+    const double want_lse = mx + std::log(sum);
+    if (!(std::fabs(sh.ptr<float>()[m] - want_lse) <= lse_tol * std::max(1.0, std::fabs(want_lse)))) {
+      ADD_FAILURE() << "m=" << m << " lse " << sh.ptr<float>()[m] << " want " << want_lse;
+      ++bad;
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  // The oracle on up to two rows.
+  const std::vector<float> xf = to_f32(xh.view());
+  std::vector<int64_t> all(static_cast<size_t>(V));
+  std::iota(all.begin(), all.end(), 0);
+  const double u_extra = c.backend == Backend::kFallbackBlas || (c.backend == Backend::kAuto && M > 64)
+                             ? unit_roundoff(c.act) : 0.0;
+  // One pass of the (slow, bit-by-bit) dequantizer for both rows.
+  const std::vector<int64_t> ms = M == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, M - 1};
+  std::vector<float> xsel;
+  for (int64_t m : ms) xsel.insert(xsel.end(), xf.begin() + m * H, xf.begin() + (m + 1) * H);
+  const Oracle o = oracle(host, xsel, int64_t(ms.size()), all, u_extra);
+  for (size_t mi = 0; mi < ms.size(); ++mi) {
+    const int64_t m = ms[mi];
+    const double* ov = o.value.data() + mi * size_t(V);
+    const double* ot = o.tol.data() + mi * size_t(V);
+    std::vector<int64_t> order(static_cast<size_t>(V));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                      [&](int64_t a, int64_t b) { return ov[a] > ov[b] || (ov[a] == ov[b] && a < b); });
+    const double kth = ov[order[size_t(K - 1)]];
+    double mx = -INFINITY, sum = 0, max_tol = 0;
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, ov[v]), max_tol = std::max(max_tol, ot[v]);
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(ov[v] - mx);
+    EXPECT_NEAR(sh.ptr<float>()[m], mx + std::log(sum), max_tol + lse_tol * std::max(1.0, std::fabs(mx + std::log(sum))));
+    for (int64_t j = 0; j < K; ++j) {
+      const int id = ih.ptr<int32_t>()[m * K + j];
+      ASSERT_TRUE(id >= 0 && id < V) << "m " << m << " j " << j << " id " << id;
+      EXPECT_NEAR(vh.ptr<float>()[m * K + j], ov[id], ot[id]) << "value of id " << id;
+      EXPECT_GE(ov[id], kth - 2 * ot[id]) << "id " << id << " is not in the top " << K;
+    }
+  }
+}
+
+// bits × group × sym × dtype, crossed with every (V, M, k) of the issue's
+// sweep: V ∈ {1, 3, 50257, 151936} × M ∈ {1, 3, 16, 17, 64, 256} ×
+// k ∈ {1, 50, 200 (more than a CTA's tile step of 128 rows), 1000 (beyond the
+// fused epilogue's k), V (tiny V)}, with kAuto (logits, then the selection)
+// and, where it applies (4-bit, M <= 8, k <= 256), kFused (the fused epilogue).
+TEST(Cuda, TopkSweep) {
   SKIP_WITHOUT_GPU();
+  std::vector<TopkCase> cases;
+  int si = 0;
+  for (int64_t V : {1, 3, 50257, 151936})
+    for (int64_t M : {1, 3, 16, 17, 64, 256}) {
+      std::vector<int64_t> ks = V == 1 ? std::vector<int64_t>{1} : V == 3 ? std::vector<int64_t>{1, 3}
+                                                                            : std::vector<int64_t>{1, 50, 200, 1000};
+      for (int64_t k : ks) {
+        const int sc = si++;  // cycles through the 32 (bits, group, sym, dtype) schemes
+        const int bits = (sc & 1) ? 8 : 4;
+        const int group = std::array<int, 4>{32, 64, 128, -1}[size_t((sc >> 1) & 3)];
+        const bool sym = ((sc >> 3) & 1) == 0;
+        const DType act = ((sc >> 4) & 1) ? DType::kBF16 : DType::kF16;
+        cases.push_back({bits, group, sym, act, V, M, k, Backend::kAuto});
+        // The fused epilogue (kFused) where it applies: 4-bit, M <= 8, k <= 256.
+        if (bits == 4 && M <= 8 && k <= 256) cases.push_back({bits, group, sym, act, V, M, k, Backend::kFused});
+      }
+    }
   uint64_t seed = 4000;
-  for (int64_t V : {3, 50257, 151936})
-    for (int64_t M : {1, 3, 17, 256}) {
-      const int64_t K = std::min<int64_t>(50, V);
-      QuantScheme s;
-      s.bits = seed % 2 ? 4 : 8;
-      s.group_size = 64;
-      s.symmetric = seed % 3 != 0;
-      s.scale_dtype = DType::kF16;
-      const int64_t H = 1024;
-      const PackedTable host = random_packed(V, H, s, seed);
-      const Table dev = cuda::to_device(Table::packed(host));
-      const Tensor xh = random_tensor(DType::kBF16, M, H, seed + 1);
-      Tensor vals = poisoned_device(DType::kF32, {M, K}), ids = poisoned_device(DType::kI32, {M, K}),
-             lse = poisoned_device(DType::kF32, {M});
-      topk(dev, upload(xh).view(), K, vals.view(), ids.view(), lse.view());
-      const Tensor vh = download(vals), ih = download(ids), lh = download(lse);
-      ASSERT_EQ(count_nan(vh.view()) + count_nan(lh.view()), 0);
-      // Oracle over every row (M small enough here), f64.
-      const std::vector<float> xf = to_f32(xh.view());
-      const int64_t Mc = std::min<int64_t>(M, 4);  // rows of x fully checked against the f64 oracle
-      std::vector<int64_t> all(static_cast<size_t>(V));
-      std::iota(all.begin(), all.end(), 0);
-      // kAuto above 64 rows computes the logits by dequant + cuBLAS (weights rounded to bf16).
-      const Oracle o = oracle(host, xf, Mc, all, M > 64 ? unit_roundoff(DType::kBF16) : 0.0);
-      for (int64_t m = 0; m < Mc; ++m) {
-        const double* ov = o.value.data() + m * V;
-        const double* ot = o.tol.data() + m * V;
-        std::vector<int64_t> order(static_cast<size_t>(V));
-        std::iota(order.begin(), order.end(), 0);
-        std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                          [&](int64_t a, int64_t b) { return ov[a] > ov[b] || (ov[a] == ov[b] && a < b); });
-        const double kth = ov[order[size_t(K - 1)]];
-        double mx = -INFINITY, sum = 0;
-        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, ov[v]);
-        for (int64_t v = 0; v < V; ++v) sum += std::exp(ov[v] - mx);
-        double max_tol = 0;
-        for (int64_t v = 0; v < V; ++v) max_tol = std::max(max_tol, ot[v]);
-        EXPECT_NEAR(lh.ptr<float>()[m], mx + std::log(sum), max_tol + 1e-6 * std::fabs(mx + std::log(sum)));
-        for (int64_t j = 0; j < K; ++j) {
-          const int id = ih.ptr<int32_t>()[m * K + j];
-          ASSERT_TRUE(id >= 0 && id < V) << "m " << m << " j " << j << " id " << id;
-          EXPECT_NEAR(vh.ptr<float>()[m * K + j], ov[id], ot[id]) << "value of id " << id;
-          // Each returned id is a true top-k id, or ties with the k-th within tolerance.
-          EXPECT_GE(ov[id], kth - 2 * ot[id]) << "id " << id << " is not in the top " << K;
-          if (j) EXPECT_GE(vh.ptr<float>()[m * K + j - 1], vh.ptr<float>()[m * K + j]) << "not sorted";
+  for (const TopkCase& c : cases) {
+    check_topk(c, seed);
+    seed += 2;
+  }
+}
+
+// The other paths: logits by dequant + cuBLAS for small M, the fused logits
+// kernel (not its epilogue) at M > 64; every scheme once at M = 5 (4-bit: the
+// fused epilogue; 8-bit: logits, then the selection) and at M = 16 (logits,
+// then the selection).
+TEST(Cuda, TopkOtherPaths) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 4600;
+  check_topk({4, 64, true, DType::kF16, 50257, 5, 50, Backend::kFallbackBlas}, seed++);
+  check_topk({8, 128, false, DType::kBF16, 50257, 17, 200, Backend::kFallbackBlas}, seed++);
+  check_topk({4, 128, false, DType::kBF16, 50257, 100, 50, Backend::kFused}, seed++);
+  check_topk({8, -1, true, DType::kF16, 3001, 256, 7, Backend::kFused}, seed++);
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128, -1})
+      for (bool sym : {true, false})
+        for (DType act : {DType::kF16, DType::kBF16})
+          for (int64_t M : {5, 16})
+            check_topk({bits, group, sym, act, 20011, M, 50, M <= 8 ? Backend::kFused : Backend::kAuto}, seed++);
+}
+
+// Small shapes for the compute-sanitizer runs (memcheck, racecheck): each
+// path of topk once — the fused epilogue (M = 1, 8, 3; k up to its limit of
+// 256, beyond a CTA's 128-row tile step), logits then selection (M = 17, 64,
+// 70), tiny V with k = V, and the cuBLAS logits.
+TEST(Cuda, TopkSmallShapes) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 4800;
+  check_topk({4, 64, true, DType::kF16, 4099, 1, 50, Backend::kFused}, seed++);
+  check_topk({4, 128, false, DType::kBF16, 4099, 8, 200, Backend::kFused}, seed++);
+  check_topk({4, -1, true, DType::kF16, 4099, 3, 256, Backend::kFused}, seed++);
+  check_topk({4, 64, true, DType::kF16, 4099, 1, 50, Backend::kAuto}, seed++);
+  check_topk({4, 128, false, DType::kBF16, 4099, 17, 200, Backend::kAuto}, seed++);
+  check_topk({8, 128, true, DType::kF16, 4099, 64, 50, Backend::kAuto}, seed++);
+  check_topk({4, 32, false, DType::kF16, 3, 3, 3, Backend::kAuto}, seed++);
+  check_topk({8, -1, true, DType::kBF16, 4099, 70, 50, Backend::kAuto}, seed++);
+  check_topk({4, 64, true, DType::kF16, 4099, 2, 1000, Backend::kFallbackBlas}, seed++);
+}
+
+// Every row identical: all logits of a row tie, so every candidate list and
+// threshold is all ties (the selection's exact fallback); the answer is ids
+// 0 .. k-1 with equal values.
+TEST(Cuda, TopkAllTied) {
+  SKIP_WITHOUT_GPU();
+  QuantScheme s;
+  s.bits = 4;
+  s.group_size = 64;
+  s.scale_dtype = DType::kF16;
+  const int64_t V = 50257, H = 256;
+  PackedTable host = random_packed(V, H, s, 5100);
+  const int64_t W = s.packed_cols(H), G = s.groups(H);
+  for (int64_t v = 1; v < V; ++v) {
+    std::memcpy(host.packed.ptr<int32_t>() + v * W, host.packed.ptr<int32_t>(), size_t(W) * 4);
+    std::memcpy(static_cast<char*>(host.scale.data()) + v * G * 2, host.scale.data(), size_t(G) * 2);
+  }
+  const Table dev = cuda::to_device(Table::packed(host));
+  for (Backend b : {Backend::kAuto, Backend::kFused, Backend::kFallbackBlas})
+    for (int64_t M : {1, 17, 100})
+      for (int64_t K : {1, 50, 1000}) {
+        SCOPED_TRACE("M=" + std::to_string(M) + " k=" + std::to_string(K) +
+                     (b == Backend::kAuto ? "" : b == Backend::kFused ? " (fused)" : " (fallback)"));
+        const Tensor xh = random_tensor(DType::kF16, M, H, 5101 + uint64_t(M));
+        Tensor vals = poisoned_device(DType::kF32, {M, K}), ids = poisoned_device(DType::kI32, {M, K}),
+               lse = poisoned_device(DType::kF32, {M});
+        topk(dev, upload(xh).view(), K, vals.view(), ids.view(), lse.view(), b);
+        const Tensor vh = download(vals), ih = download(ids), sh = download(lse);
+        for (int64_t m = 0; m < M; ++m) {
+          for (int64_t j = 0; j < K; ++j) {
+            ASSERT_EQ(ih.ptr<int32_t>()[m * K + j], j) << "m " << m;
+            ASSERT_EQ(vh.ptr<float>()[m * K + j], vh.ptr<float>()[m * K]) << "m " << m;
+          }
+          const double l0 = vh.ptr<float>()[m * K];
+          EXPECT_NEAR(sh.ptr<float>()[m], l0 + std::log(double(V)), 1e-3 * std::max(1.0, std::fabs(l0)) + 1e-3);
         }
       }
-      seed += 2;
-    }
 }
 
 TEST(Cuda, TopkTiesLowerIdFirst) {

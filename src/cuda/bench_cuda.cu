@@ -6,15 +6,21 @@
 //           loads, timed the same way as the kernels (the floor of a fused GEMV)
 //   matrix  cuBLAS dense f16 GEMM rate on a large square product
 // Paths: dense (cuBLAS f16 GEMM on the unquantized f16 table), fallback
-// (dequantize + cuBLAS), fused (our kernel), fused_topk (top-k 50 + lse).
+// (dequantize + cuBLAS), fused (our kernel), fused_v7 (M <= 8: the
+// register-ring kernel the staged one replaces), fused_topk (qhead::topk
+// kFused, k = 50, + lse: the fused epilogue where it applies),
+// logits_then_topk (kAuto logits into memory, then the separate top-k: what
+// topk's kAuto runs).
 // L2 (60 MB) is defeated by rotating among enough table copies that they
 // total at least 4× the L2.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <vector>
 
 #include "bench/bench.h"
 #include "common.cuh"
+#include "ops/ops_cuda.h"
 #include "qhead/cuda.h"
 #include "qhead/ops.h"
 
@@ -232,11 +238,27 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
         logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);
       }, reps);
       add("fused", fused_us, double(table_bytes), dense_us, "the fused kernel itself (Backend::kFused)");
+      if (M <= 8) {  // the register-ring kernel (v7) that the staged one (v8) replaces for M <= 8, same run
+        setenv("QHEAD_CUDA_STAGED", "0", 1);
+        const double v7_us = median_us([&](int i) {
+          logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);
+        }, reps);
+        unsetenv("QHEAD_CUDA_STAGED");
+        add("fused_v7", v7_us, double(table_bytes), dense_us, "the register-ring kernel (QHEAD_CUDA_STAGED=0)");
+      }
       const double topk_us = median_us([&](int i) {
-        topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(), Backend::kAuto);
+        topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(), Backend::kFused);
       }, reps);
       add("fused_topk", topk_us, double(table_bytes), dense_us,
-          "k = " + std::to_string(k) + "; kAuto logits (fused for M <= 64, else dequant + cuBLAS) + two-stage top-k; epilogue not fused yet");
+          "k = " + std::to_string(k) + "; qhead::topk (kFused): 4-bit M <= 8 the staged kernel's top-k + lse epilogue + "
+          "merge (no [M, V] logits); else the fused logits + slice selection + merge");
+      const double sep_us = median_us([&](int i) {
+        cuda_ops::topk_separate(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(),
+                                Backend::kAuto);
+      }, reps);
+      add("logits_then_topk", sep_us, double(table_bytes), dense_us,
+          "k = " + std::to_string(k) + "; what qhead::topk (kAuto) runs: kAuto logits into [M, V] (fused for M <= 64, "
+          "else dequant + cuBLAS), then the separate top-k (slice selection + merge)");
     }
   }
   QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));

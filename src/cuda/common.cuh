@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <library_types.h>
 
+#include <cstdint>
 #include <string>
 
 #include "qhead/error.h"
@@ -65,6 +66,59 @@ __device__ __forceinline__ uint32_t stored_code(const uint32_t* words, int64_t i
 __device__ __forceinline__ int zero_point(const uint32_t* zp, int64_t groups, int64_t row, int64_t group, int bits) {
   return static_cast<int>(stored_code(zp + group, row, bits, groups)) - (1 << (bits - 1));
 }
+
+// ---- top-k entries ---------------------------------------------------------------
+//
+// A (logit, vocab id) candidate is one 64-bit "entry": the logit's
+// order-preserving key in the high word and the complemented id in the low
+// word, so that entry order IS the top-k order of the reference (value
+// descending, ties to the lower id) and a selection needs one unsigned
+// compare. Entry 0 is "empty": it is below every real entry (the key of −inf
+// is 0x007FFFFF).
+
+__device__ __forceinline__ uint32_t order_key(float f) {
+  const uint32_t u = __float_as_uint(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // larger float → larger key
+}
+__device__ __forceinline__ float key_value(uint32_t k) {
+  return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
+}
+__device__ __forceinline__ uint64_t make_entry(float v, int64_t id) {
+  return (uint64_t(order_key(v)) << 32) | uint32_t(~uint32_t(id));
+}
+__device__ __forceinline__ float entry_value(uint64_t e) { return e ? key_value(uint32_t(e >> 32)) : -INFINITY; }
+__device__ __forceinline__ int entry_id(uint64_t e) { return e ? int(~uint32_t(e)) : 0x7fffffff; }
+
+// Sorts p[0, n) descending (n a power of two) with one warp, in shared memory.
+__device__ __forceinline__ void warp_sort_desc(uint64_t* p, int n) {
+  const int lane = threadIdx.x & 31;
+  for (int size = 2; size <= n; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = lane; i < (n >> 1); i += 32) {
+        const int lo = ((i & ~(stride - 1)) << 1) | (i & (stride - 1)), hi = lo + stride;
+        const uint64_t x = p[lo], y = p[hi];
+        if ((x < y) == ((lo & size) == 0)) { p[lo] = y; p[hi] = x; }
+      }
+      __syncwarp();
+    }
+}
+
+// Online log-sum-exp state (running max, Σ exp(l − max)); combine() merges two.
+__device__ __forceinline__ void lse_add(float& mx, float& s, float v) {
+  if (v > mx) { s = s * expf(mx - v) + 1.0f; mx = v; }
+  else s += expf(v - mx);
+}
+__device__ __forceinline__ void lse_combine(float& mx, float& s, float mx2, float s2) {
+  if (mx2 == -INFINITY) return;
+  if (mx == -INFINITY) { mx = mx2; s = s2; return; }
+  if (mx2 > mx) { s = s * expf(mx - mx2) + s2; mx = mx2; }
+  else s += s2 * expf(mx2 - mx);
+}
+
+// A CTA barrier that may be reached from different instructions by different
+// warps (bar.sync without .aligned): the fused top-k epilogue syncs at tile
+// ends that the unrolled pipeline duplicates.
+__device__ __forceinline__ void cta_sync() { asm volatile("barrier.sync 0;" ::: "memory"); }
 
 template <class T> struct Act;
 template <> struct Act<__half> {

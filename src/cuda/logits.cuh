@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -57,6 +58,14 @@ struct LogitsArgs {
   int group;   // group length along H (H for per-row)
   int groups;  // H / group
   int M;
+  // Fused top-k epilogue (logits_staged_kernel<..., TOPK = true>); out is unused then.
+  int k = 0;                 // candidates kept per (activation row, CTA), <= kTopkGather
+  int tk_cap = 0;            // pool entries per activation row in shared memory (>= the rows a CTA computes)
+  int tk_cols = 0;           // activation rows (columns) a CTA keeps pools for: M (<= 8)
+  uint64_t* tk_cand = nullptr;  // [M, gridDim.y, k] entries (common.cuh), written
+  float2* tk_part = nullptr;    // [M, gridDim.y] (max, Σ exp(l − max)) of the CTA's logits, written
+  int tk_nblk = 0;              // gridDim.y of the launch (set by the launcher)
+  int st_spg = 1;               // staged kernel, groups longer than a stage: stages per group (set by the launcher)
 };
 
 // ---- integer → 16-bit pairs ---------------------------------------------------
@@ -202,6 +211,216 @@ __global__ void permute_x_kernel(const T* __restrict__ x, T* __restrict__ xf, in
     xf[f * 4 + e] = m < M ? x[int64_t(m) * H + hword + Gm::h_of(j, e)] : Act<T>::from_float(0.0f);
 }
 
+// ---- tile epilogues (shared by the kernels below) ----------------------------------
+//
+// A finished tile: acc[r][n] is the m16n8 C fragment of rows
+// row0 + r·16 + {g, g+8} × activation columns m0 + n·8 + {2t, 2t+1}.
+
+// Plain logits: the C fragments → out.
+template <int RT, int NT>
+__device__ __forceinline__ void store_tile(const LogitsArgs& a, const float (&acc)[RT][NT][4], int64_t row0, int m0,
+                                           int g, int t) {
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+    const int64_t ra = row0 + r * 16 + g, rb = ra + 8;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const int m = m0 + n * 8 + 2 * t;
+      if (ra < a.V) {
+        if (m < a.M) a.out[int64_t(m) * a.ldo + ra] = acc[r][n][0];
+        if (m + 1 < a.M) a.out[int64_t(m + 1) * a.ldo + ra] = acc[r][n][1];
+      }
+      if (rb < a.V) {
+        if (m < a.M) a.out[int64_t(m) * a.ldo + rb] = acc[r][n][2];
+        if (m + 1 < a.M) a.out[int64_t(m + 1) * a.ldo + rb] = acc[r][n][3];
+      }
+    }
+  }
+}
+
+// Fused top-k epilogue (staged kernel, M <= 8). Each CTA appends every logit
+// it computes, as an entry (common.cuh), to its column's pool in shared
+// memory — the launcher sizes the pools for every row the CTA can see, so
+// the streaming loop needs no barrier and no compaction — and keeps per-lane
+// online log-sum-exps. At the end the whole CTA selects each column's best k
+// at once (select_columns) and writes them with the (max, Σ exp) partials.
+// Shared memory (dynamic): pool[tk_cols][tk_cap] entries, cnt[tk_cols];
+// `scratch` (the kernel's stage ring, free by then) holds the selection's
+// histograms, gathers and the lse reduction.
+constexpr int kTopkGather = 256;  // gathered candidates per column (>= k)
+
+template <int RT>
+struct TopkAll {
+  uint64_t* pool;
+  unsigned* cnt;
+  int ncols;
+  float lmx[2], lsm[2];
+
+  __device__ __forceinline__ void init(const LogitsArgs& a, void* base) {
+    pool = static_cast<uint64_t*>(base);
+    cnt = reinterpret_cast<unsigned*>(pool + a.tk_cols * a.tk_cap);
+    ncols = a.tk_cols;  // M <= 8: one activation tile
+    lmx[0] = lmx[1] = -INFINITY;
+    lsm[0] = lsm[1] = 0.0f;
+    for (int i = threadIdx.x; i < a.tk_cols; i += blockDim.x) cnt[i] = 0;
+  }
+  // A finished tile (rows row0 + r·16 + {g, g+8}, columns 2t, 2t+1).
+  __device__ __forceinline__ void append(const LogitsArgs& a, const float (&acc)[RT][1][4], int64_t row0, int g,
+                                         int t) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int cl = 2 * t + (e & 1);
+        const int64_t row = row0 + r * 16 + g + (e < 2 ? 0 : 8);
+        if (cl < ncols && row < a.V) {
+          const float v = acc[r][0][e];
+          lse_add(lmx[e & 1], lsm[e & 1], v);
+          pool[cl * a.tk_cap + atomicAdd(&cnt[cl], 1u)] = make_entry(v, row);
+        }
+      }
+  }
+  __device__ __forceinline__ void finish(const LogitsArgs& a, unsigned char* scratch, int g, int t);
+};
+
+// The best k entries of each column's pool → tk_cand[m, blockIdx.y, :] (0 =
+// none), by the whole CTA: two 8-bit radix passes over all pools at once find
+// the 16-bit bin of each column's k-th entry; the entries at or above it
+// (k plus that bin's ties) are gathered and sorted by one warp per column.
+// When a gather would overflow (heavy ties), six more passes make the bin the
+// exact k-th entry, and exactly k are gathered.
+struct ColumnSelect {
+  unsigned* hist;     // [ncols][256]
+  uint64_t* gat;      // [ncols][kTopkGather]
+  uint64_t* prefix;   // [ncols]
+  unsigned* need;     // [ncols]
+  unsigned* gcnt;     // [ncols]
+  unsigned* flag;     // [1]
+};
+
+__device__ __forceinline__ void select_columns(const LogitsArgs& a, const uint64_t* pool, const unsigned* cnt,
+                                               int ncols, ColumnSelect& cs) {
+  const int T = blockDim.x, lane = threadIdx.x & 31, wic = threadIdx.x >> 5, nw = T >> 5;
+  for (int cl = threadIdx.x; cl < ncols; cl += T) {
+    cs.prefix[cl] = cnt[cl] <= unsigned(a.k) ? 1ull : 0ull;  // <= k entries: all of them (every entry is >= 1)
+    cs.need[cl] = unsigned(a.k);
+  }
+  auto pass = [&](int shift) {
+    for (int i = threadIdx.x; i < ncols * 256; i += T) cs.hist[i] = 0;
+    cta_sync();
+    const uint64_t hi = shift >= 56 ? 0ull : (~0ull << (shift + 8));
+    for (int cl = 0; cl < ncols; ++cl) {
+      if (cs.prefix[cl] == 1ull) continue;
+      const uint64_t* p = pool + cl * a.tk_cap;
+      for (int i = threadIdx.x; i < int(cnt[cl]); i += T) {
+        const uint64_t e = p[i];
+        if ((e & hi) == cs.prefix[cl]) atomicAdd(&cs.hist[cl * 256 + int((e >> shift) & 0xFF)], 1u);
+      }
+    }
+    cta_sync();
+    for (int cl = wic; cl < ncols; cl += nw) {  // one warp per column: the bin of the need-th largest
+      if (cs.prefix[cl] == 1ull) continue;
+      unsigned c[8], sum = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) { c[j] = cs.hist[cl * 256 + 8 * lane + j]; sum += c[j]; }
+      unsigned suf = sum;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned y = __shfl_down_sync(0xffffffffu, suf, o);
+        if (lane + o < 32) suf += y;
+      }
+      const unsigned need = cs.need[cl], above = suf - sum;
+      __syncwarp();
+      if (suf >= need && above < need) {
+        unsigned cum = above;
+        for (int j = 7; j >= 0; --j) {
+          if (cum + c[j] >= need) {
+            cs.prefix[cl] |= uint64_t(8 * lane + j) << shift;
+            cs.need[cl] = need - cum;
+            break;
+          }
+          cum += c[j];
+        }
+      }
+    }
+    cta_sync();
+  };
+  auto gather = [&]() {
+    for (int cl = threadIdx.x; cl < ncols; cl += T) cs.gcnt[cl] = 0;
+    if (threadIdx.x == 0) *cs.flag = 0;
+    cta_sync();
+    for (int cl = 0; cl < ncols; ++cl) {
+      const uint64_t* p = pool + cl * a.tk_cap;
+      const uint64_t tau = cs.prefix[cl];
+      for (int i = threadIdx.x; i < int(cnt[cl]); i += T) {
+        const uint64_t e = p[i];
+        if (e >= tau) {
+          const unsigned pos = atomicAdd(&cs.gcnt[cl], 1u);
+          if (pos < unsigned(kTopkGather)) cs.gat[cl * kTopkGather + pos] = e;
+          else *cs.flag = 1;
+        }
+      }
+    }
+    cta_sync();
+  };
+  pass(56);
+  pass(48);
+  gather();
+  if (*cs.flag) {  // CTA-uniform: exact k-th entries
+    for (int shift = 40; shift >= 0; shift -= 8) pass(shift);
+    gather();
+  }
+}
+
+template <int RT>
+__device__ __forceinline__ void TopkAll<RT>::finish(const LogitsArgs& a, unsigned char* scratch, int g, int t) {
+  const int lane = threadIdx.x & 31, wic = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  cta_sync();  // every append is done
+  ColumnSelect cs;
+  cs.gat = reinterpret_cast<uint64_t*>(scratch);
+  cs.prefix = cs.gat + ncols * kTopkGather;
+  float2* lred = reinterpret_cast<float2*>(cs.prefix + ncols);  // [warps][ncols]
+  cs.hist = reinterpret_cast<unsigned*>(lred + nw * ncols);
+  cs.need = cs.hist + ncols * 256;
+  cs.gcnt = cs.need + ncols;
+  cs.flag = cs.gcnt + ncols;
+  select_columns(a, pool, cnt, ncols, cs);
+  for (int cl = wic; cl < ncols; cl += nw) {  // sort each column's gather, keep k
+    uint64_t* p = cs.gat + cl * kTopkGather;
+    const int c = int(min(cs.gcnt[cl], unsigned(kTopkGather)));
+    int n2 = 1;
+    while (n2 < c) n2 <<= 1;
+    for (int i = c + lane; i < n2; i += 32) p[i] = 0;
+    __syncwarp();
+    warp_sort_desc(p, n2);
+    uint64_t* o = a.tk_cand + (int64_t(cl) * gridDim.y + blockIdx.y) * a.k;
+    for (int j = lane; j < a.k; j += 32) o[j] = j < c ? p[j] : 0;
+  }
+  // Log-sum-exp: lanes of one t hold the same columns (xor over g), then warps.
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    float mx = lmx[c], sm = lsm[c];
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      const float mx2 = __shfl_xor_sync(0xffffffffu, mx, o), sm2 = __shfl_xor_sync(0xffffffffu, sm, o);
+      lse_combine(mx, sm, mx2, sm2);
+    }
+    const int cl = 2 * t + c;
+    if (g == 0 && cl < ncols) lred[wic * ncols + cl] = make_float2(mx, sm);
+  }
+  cta_sync();
+  for (int cl = threadIdx.x; cl < ncols; cl += blockDim.x) {
+    float mx = -INFINITY, sm = 0.0f;
+    for (int w = 0; w < nw; ++w) lse_combine(mx, sm, lred[w * ncols + cl].x, lred[w * ncols + cl].y);
+    a.tk_part[int64_t(cl) * gridDim.y + blockIdx.y] = make_float2(mx, sm);
+  }
+}
+
+// Scratch bytes TopkAll::finish needs (inside the staged kernel's stage ring).
+inline int topk_finish_scratch(int ncols, int warps) {
+  return ncols * (kTopkGather * 8 + 8 + warps * 8 + 256 * 4 + 4 + 4) + 4;
+}
+
 // One warp = (16·RT) vocab rows × (8·NT) activations, looping over the row
 // tiles of a persistent grid; blockIdx.x picks the activation tile (fastest,
 // so the blocks sharing weights run together and hit L2), blockIdx.y the
@@ -309,6 +528,7 @@ __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
   for (int r = 0; r < RT; ++r)
 #pragma unroll
     for (int h = 0; h < 2; ++h) zsh[r][h] = zshift(ct, r, h);
+
   for (int q0 = 0; q0 < total; q0 += D) {
 #pragma unroll
     for (int d = 0; d < D; ++d) {
@@ -384,24 +604,12 @@ __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
       }
       if (q0 + d + D < total) fetch(sl);
       xp += xf_chunk;
-      if (++cc == nchunks) {  // the tile is done: C fragment → out, (row g | g+8, cols 2t, 2t+1)
+      if (++cc == nchunks) {  // the tile is done: C fragment → out
+        store_tile<RT, NT>(a, acc, ct * 16 * RT, m0, g, t);
 #pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          const int64_t ra = ct * 16 * RT + r * 16 + g, rb = ra + 8;
+        for (int r = 0; r < RT; ++r)
 #pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            const int m = m0 + n * 8 + 2 * t;
-            if (ra < a.V) {
-              if (m < a.M) a.out[int64_t(m) * a.ldo + ra] = acc[r][n][0];
-              if (m + 1 < a.M) a.out[int64_t(m + 1) * a.ldo + ra] = acc[r][n][1];
-            }
-            if (rb < a.V) {
-              if (m < a.M) a.out[int64_t(m) * a.ldo + rb] = acc[r][n][2];
-              if (m + 1 < a.M) a.out[int64_t(m + 1) * a.ldo + rb] = acc[r][n][3];
-            }
-            acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
-          }
-        }
+          for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
         cc = 0;
         ct += nwarps;
         xp = xf0;
@@ -414,6 +622,300 @@ __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
   }
 }
 
+// ---- v8: the shared-memory staged kernel (M <= 8) ---------------------------------------
+//
+// Why. ncu on the register-ring kernel (v5–v7) showed it latency- and
+// instruction-bound: per 512-byte warp chunk ~180 instructions, most of them
+// address, counter and branch work of the per-lane loads, and too few bytes
+// in flight (12 warps/SM × a 4-chunk ring ≈ 48 KB). Here each warp streams
+// its row tile through a ring of NS shared-memory stages with cp.async
+// (16-byte copies, L1 bypassed): a stage is C bytes of each of the warp's
+// 16·RT rows, so a lane issues RT·C/32 copies per stage with one pointer add
+// each, the bytes in flight do not cost registers, and the dequant side reads
+// its A fragments with one ldmatrix.x4 per two 16-byte segments.
+//
+// The k order. ldmatrix gives lane (g, t) the 4-byte word t of a 16-byte
+// row segment (rows g and g+8), so the quad of a k-block covers one whole
+// segment: 32 h (4-bit) or 16 h (8-bit), always inside one group — the same
+// lane → h map as the register kernel with L = 4, so permute_x_kernel<…, 4>
+// lays out the activations. Rows are padded to P = C + 16 bytes in shared
+// memory so that the 8 rows of an ldmatrix matrix hit 8 different bank quads.
+//
+// Scales and zero points. A tile's scales are one contiguous block
+// [16·RT rows, groups] (and its zero points [16·RT·b/32 words, groups]):
+// copied with the tile's first stage into one of two buffers, so the next
+// tile's block lands while this one is read (needs nst >= NS, checked by the
+// launcher). Rows past V are zero-filled (cp.async's src-size), never read.
+//
+//   BITS 4|8 · T · C bytes per row per stage (32|64) · RT row tiles per warp ·
+//   NS stages · GS 16-byte segments per group when a group fits a stage (1, 2,
+//   4), 0 when a group spans stages (a.st_spg stages) · ASYM · TOPK.
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(addr) : "memory");
+}
+
+// Bytes of the activations in B-fragment order (M columns, 16-byte aligned).
+__host__ __device__ inline int staged_x_bytes(int H, int M) { return (2 * H * M + 15) / 16 * 16; }
+
+// Bytes of shared memory one warp of the staged kernel uses.
+template <int BITS, int C, int RT, int NS, bool ASYM>
+__host__ __device__ inline int staged_warp_bytes(int groups, int sbytes) {
+  const int sblk = 16 * RT * groups * sbytes;                              // multiple of 32
+  const int zblk = ASYM ? ((16 * RT * BITS / 32) * groups * 4 + 15) / 16 * 16 : 0;
+  return NS * 16 * RT * (C + 16) + 2 * sblk + 2 * zblk;
+}
+
+template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK>
+__global__ void __launch_bounds__(128) logits_staged_kernel(const LogitsArgs a) {
+  constexpr int kWarps = 4;
+  constexpr int SPS = C / 16;          // 16-byte segments per row per stage
+  constexpr int P = C + 16;            // shared row pitch (bytes)
+  constexpr int ROWS = 16 * RT;        // rows per warp tile
+  constexpr int STAGE = ROWS * P;      // bytes per stage
+  constexpr int CPL = ROWS * SPS / 32; // 16-byte copies per lane per stage
+  constexpr int KBS = BITS == 4 ? 2 : 1;  // k-blocks per 4-byte word
+  constexpr int GS1 = GS > 0 ? GS : 1;
+  static_assert(SPS % 2 == 0 && (ROWS * SPS) % 32 == 0, "stage geometry");
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int wic = threadIdx.x >> 5;
+  const int64_t warp = int64_t(blockIdx.y) * kWarps + wic;
+  const int64_t nwarps = int64_t(gridDim.y) * kWarps;
+  const int64_t tiles = (a.V + ROWS - 1) / ROWS;
+  const int my_tiles = warp < tiles ? int((tiles - warp + nwarps - 1) / nwarps) : 0;
+  const int64_t row_bytes = int64_t(a.H) * BITS / 8;
+  const int nst = int(row_bytes / C);  // stages per tile
+  const int total = my_tiles * nst;
+  const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+  const int sblk = ROWS * a.groups * sbytes;
+  const int zw = ASYM ? (ROWS * BITS / 32) * a.groups : 0;  // zero-point words per tile
+  const int zblk = (zw * 4 + 15) / 16 * 16;
+
+  // Shared memory: the activations in B-fragment order (built here: no
+  // permute launch), then each warp's region, then the top-k pools.
+  extern __shared__ __align__(16) unsigned char st_smem[];
+  const int xs = staged_x_bytes(a.H, a.M);
+  const int wbytes = staged_warp_bytes<BITS, C, RT, NS, ASYM>(a.groups, sbytes);
+  uint2* bsm = reinterpret_cast<uint2*>(st_smem);
+  unsigned char* wsm = st_smem + xs + wic * wbytes;
+  {
+    // bsm[(kb·M + m)·4 + t] = the 4 values lane (g = m, t) feeds k-block kb (see permute_x_kernel, L = 4).
+    using Gm = Geometry<BITS, 4>;
+    const T* x = static_cast<const T*>(a.x);
+    const int nf = (a.H / 16) * a.M * 4;
+    for (int f = threadIdx.x; f < nf; f += blockDim.x) {
+      const int tt = f & 3, m = (f >> 2) % a.M, kb = (f >> 2) / a.M;
+      const int hword = (kb / Gm::KBC) * Gm::S + tt * Gm::HW;
+      union {
+        T v[4];
+        uint2 u;
+      } w;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) w.v[e] = x[int64_t(m) * a.H + hword + Gm::h_of(kb % Gm::KBC, e)];
+      bsm[f] = w.u;
+    }
+  }
+  TopkAll<RT> tk;
+  if constexpr (TOPK) tk.init(a, st_smem + xs + kWarps * wbytes);
+  cta_sync();
+  if constexpr (!TOPK) {
+    if (my_tiles == 0) return;
+  }
+  const uint32_t code_s = smem_u32(wsm);
+  unsigned char* sbuf0 = wsm + NS * STAGE;
+  unsigned char* zbuf0 = sbuf0 + 2 * sblk;
+
+  // ---- the copy side: cursor (tile, stage) and this lane's CPL copies ----------------
+  const char* packed = reinterpret_cast<const char*>(a.packed);
+  const char* scale = static_cast<const char*>(a.scale);
+  const int64_t s_end = a.V * a.groups * sbytes;                       // bytes of the scale tensor
+  const int64_t z_end = ASYM ? ((a.V * BITS + 31) / 32) * a.groups : 0;  // words of the zero points
+  int it = 0, ist = 0;  // tile (of this warp's) and stage being copied
+  const char* src[CPL];
+  int srcb[CPL];
+  uint32_t dst[CPL];
+#pragma unroll
+  for (int j = 0; j < CPL; ++j) {
+    const int q = lane + 32 * j;
+    dst[j] = uint32_t((q / SPS) * P + (q % SPS) * 16);
+  }
+  auto point = [&]() {  // tile `it`: code pointers, then its scale and zero-point blocks
+    const int64_t row0 = (warp + int64_t(it) * nwarps) * ROWS;
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+      const int q = lane + 32 * j;
+      int64_t row = row0 + q / SPS;
+      srcb[j] = row < a.V ? 16 : 0;
+      row = row < a.V ? row : a.V - 1;
+      src[j] = packed + row * row_bytes + (q % SPS) * 16;
+    }
+    const uint32_t sb = smem_u32(sbuf0 + (it & 1) * sblk);
+    const int64_t s0 = row0 * a.groups * sbytes;
+    for (int p = lane; p < sblk / 16; p += 32) {
+      const int64_t o = s0 + int64_t(p) * 16;
+      const int n = int(o >= s_end ? 0 : (s_end - o < 16 ? s_end - o : 16));
+      cp_async16(sb + p * 16, n ? scale + o : scale, n);
+    }
+    if constexpr (ASYM) {
+      const uint32_t zb = smem_u32(zbuf0 + (it & 1) * zblk);
+      const int64_t z0 = (row0 * BITS / 32) * a.groups;
+      for (int p = lane; p < zw; p += 32) {
+        const int64_t o = z0 + p;
+        cp_async4(zb + p * 4, o < z_end ? a.zp + o : a.zp, o < z_end ? 4 : 0);
+      }
+    }
+  };
+  int issued = 0;
+  auto issue = [&](int slot) {  // the next stage into ring slot `slot`; one commit group per stage
+    if (issued < total) {
+      if (ist == 0) point();
+#pragma unroll
+      for (int j = 0; j < CPL; ++j) {
+        cp_async16(code_s + slot * STAGE + dst[j], src[j], srcb[j]);
+        src[j] += C;
+      }
+      if (++ist == nst) { ist = 0; ++it; }
+    }
+    cp_async_commit();
+    ++issued;
+  };
+#pragma unroll
+  for (int d = 0; d < NS - 1; ++d) issue(d);
+
+  // ---- the compute side ------------------------------------------------------------------
+  // ldmatrix row address of this lane: matrix (lane / 8) = (rows 0-7 | 8-15) × (segment 2s | 2s+1).
+  const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
+  const uint2* bp0 = bsm + (g * 4 + t);        // lane's B fragments, k-block 0
+  const int b_kb = a.M * 4;                      // uint2 per k-block
+  const bool has_b = g < a.M;                    // lanes of columns >= M feed zeros
+  float acc[RT][1][4], cacc[RT][1][4];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.0f;
+  int64_t ct = warp;  // tile being computed
+  int cst = 0, cb = 0;  // its stage, its scale buffer
+  int cgs = 0, cgrp = 0;  // GS == 0: stage in group, group
+  const uint2* bp = bp0;
+  uint32_t bias[RT][2], bias16[RT][2];
+  float zoff[RT][2];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      bias[r][h] = make_bias<BITS, T>(0);
+      bias16[r][h] = pack2<T>(-72.0f, -72.0f);
+      zoff[r][h] = 8388608.0f + float(1 << (BITS - 1));
+    }
+
+  for (int q0 = 0; q0 < total; q0 += NS) {
+#pragma unroll
+    for (int d = 0; d < NS; ++d) {
+      if (q0 + d >= total) break;
+      issue((d + NS - 1) % NS);
+      cp_async_wait<NS - 1>();
+      __syncwarp();
+      // A words of this stage: w[r][s][h] = word t of segment s of row g (h = 0) / g+8 (h = 1).
+      uint32_t w[RT][SPS][2];
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int sp = 0; sp < SPS / 2; ++sp)
+          ldmatrix_x4(code_s + d * STAGE + r * 16 * P + sp * 32 + lane_off, w[r][2 * sp][0], w[r][2 * sp][1],
+                      w[r][2 * sp + 1][0], w[r][2 * sp + 1][1]);
+      uint2 B[SPS][KBS];
+#pragma unroll
+      for (int sg = 0; sg < SPS; ++sg)
+#pragma unroll
+        for (int j = 0; j < KBS; ++j) B[sg][j] = has_b ? bp[(sg * KBS + j) * b_kb] : make_uint2(0u, 0u);
+      const unsigned char* sbuf = sbuf0 + cb * sblk;
+      const uint32_t* zbuf = reinterpret_cast<const uint32_t*>(zbuf0 + cb * zblk);
+#pragma unroll
+      for (int sg = 0; sg < SPS; ++sg) {
+        const bool gstart = GS > 0 ? (sg % GS1 == 0) : (sg == 0 && cgs == 0);
+        const bool gend = GS > 0 ? (sg % GS1 == GS1 - 1) : (sg == SPS - 1 && cgs == a.st_spg - 1);
+        const int grp = GS > 0 ? cst * (SPS / GS1) + sg / GS1 : cgrp;
+        if (gstart) {
+#pragma unroll
+          for (int r = 0; r < RT; ++r) cacc[r][0][0] = cacc[r][0][1] = cacc[r][0][2] = cacc[r][0][3] = 0.0f;
+          if constexpr (ASYM) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int rr = r * 16 + h * 8 + g;
+                const uint32_t word = zbuf[((rr * BITS) >> 5) * a.groups + grp];
+                const int z = int((word >> ((rr * BITS) & 31)) & ((1u << BITS) - 1u)) - (1 << (BITS - 1));
+                bias[r][h] = make_bias<BITS, T>(z);
+                bias16[r][h] = pack2<T>(-(72.0f + float(z)), -(72.0f + float(z)));
+                zoff[r][h] = 8388608.0f + float(1 << (BITS - 1)) + float(z);
+              }
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < KBS; ++j) {
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            uint32_t A[4];
+            A[0] = dequant_pair<BITS, T>(w[r][sg][0], j, 0, bias[r][0], bias16[r][0], zoff[r][0]);
+            A[1] = dequant_pair<BITS, T>(w[r][sg][1], j, 0, bias[r][1], bias16[r][1], zoff[r][1]);
+            A[2] = dequant_pair<BITS, T>(w[r][sg][0], j, 1, bias[r][0], bias16[r][0], zoff[r][0]);
+            A[3] = dequant_pair<BITS, T>(w[r][sg][1], j, 1, bias[r][1], bias16[r][1], zoff[r][1]);
+            mma16816<T>(cacc[r][0], A, B[sg][j].x, B[sg][j].y);
+          }
+        }
+        if (gend) {  // the group ends: scale its f32 partial sums once
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            float sc[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int idx = (r * 16 + h * 8 + g) * a.groups + grp;
+              sc[h] = a.scale_type == kScaleF32    ? reinterpret_cast<const float*>(sbuf)[idx]
+                      : a.scale_type == kScaleBF16 ? __uint_as_float(uint32_t(reinterpret_cast<const unsigned short*>(sbuf)[idx]) << 16)
+                                                   : __half2float(reinterpret_cast<const __half*>(sbuf)[idx]);
+            }
+            acc[r][0][0] = fmaf(sc[0], cacc[r][0][0], acc[r][0][0]);
+            acc[r][0][1] = fmaf(sc[0], cacc[r][0][1], acc[r][0][1]);
+            acc[r][0][2] = fmaf(sc[1], cacc[r][0][2], acc[r][0][2]);
+            acc[r][0][3] = fmaf(sc[1], cacc[r][0][3], acc[r][0][3]);
+          }
+        }
+      }
+      __syncwarp();  // every lane is done with slot d before a later issue() refills it
+      bp += SPS * KBS * b_kb;
+      if constexpr (GS == 0) {
+        if (++cgs == a.st_spg) { cgs = 0; ++cgrp; }
+      }
+      if (++cst == nst) {  // the tile is done
+        if constexpr (TOPK) tk.append(a, acc, ct * ROWS, g, t);
+        else store_tile<RT, 1>(a, acc, ct * ROWS, 0, g, t);
+#pragma unroll
+        for (int r = 0; r < RT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.0f;
+        cst = 0;
+        cb ^= 1;
+        cgs = 0;
+        cgrp = 0;
+        ct += nwarps;
+        bp = bp0;
+      }
+    }
+  }
+  cp_async_wait<0>();  // no copy outlives the kernel (the trailing empty groups)
+  if constexpr (TOPK) tk.finish(a, st_smem + xs, g, t);  // the stage rings are free now
+}
+
 // Bytes per lane per chunk for a group of `group` h: the quad's 4·L bytes
 // must lie inside one group and tile it. 0 = no fast path for this shape.
 inline int pick_piece_bytes(int bits, int group) {
@@ -423,7 +925,24 @@ inline int pick_piece_bytes(int bits, int group) {
   return 0;
 }
 
-template <int BITS, class T, int L, int RT, int NT, int D, bool ASYM, int kWarps = 8>
+// Activations → B fragments (one tiny launch before the fused kernel).
+template <int BITS, class T, int L>
+void permute_x(const LogitsArgs& a, cudaStream_t s) {
+  const int Mpad = (a.M + 7) & ~7;
+  const int64_t nfrag = int64_t(a.H / 4) * Mpad;
+  permute_x_kernel<BITS, T, L><<<static_cast<unsigned>((nfrag + 255) / 256), 256, 0, s>>>(
+      static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, a.H);
+  QHEAD_CUDA_CHECK_LAUNCH("permute_x_kernel");
+}
+
+// The workspace the fused top-k writes: gives the caller's scratch buffer of
+// at least `bytes` (device memory, reused between calls).
+using TopkWorkspaceFn = void* (*)(size_t bytes);
+
+constexpr int kTopkMaxSmem = 160 * 1024;  // shared memory per CTA above which the fused top-k is not taken
+
+// One configuration of the register-ring kernel: launches it.
+template <int BITS, class T, int L, int RT, int NT, int D, bool ASYM, int kWarps>
 void launch_logits_cfg(const LogitsArgs& a, cudaStream_t s) {
   auto kernel = logits_mma_kernel<BITS, T, L, RT, NT, D, ASYM>;
   static int per_sm = [&] {
@@ -431,6 +950,7 @@ void launch_logits_cfg(const LogitsArgs& a, cudaStream_t s) {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kWarps * 32, 0);
     return b > 0 ? b : 1;
   }();
+  permute_x<BITS, T, L>(a, s);
   const int Mpad = (a.M + 7) & ~7;
   const int mtiles = (Mpad + 8 * NT - 1) / (8 * NT);
   const int64_t tiles = (a.V + 16 * RT - 1) / (16 * RT);
@@ -441,14 +961,124 @@ void launch_logits_cfg(const LogitsArgs& a, cudaStream_t s) {
   QHEAD_CUDA_CHECK_LAUNCH("logits_mma_kernel");
 }
 
+// The staged kernel (v8) for M <= 8: returns what launch_logits_cfg returns,
+// or -1 when the shape does not fit it (the register-ring kernel runs then).
+// QHEAD_CUDA_STAGED=0 in the environment turns it off (benchmarks compare
+// the two kernels in one run).
+inline bool staged_enabled() {
+  const char* e = std::getenv("QHEAD_CUDA_STAGED");
+  return !(e && e[0] == '0');
+}
+constexpr int kStagedC = 64;      // bytes per row per stage
+constexpr int kStagedNS = 4;      // stages in flight per warp
+constexpr int kStagedMaxScaleBlock = 4096;  // bytes of one tile's scales (two are buffered per warp)
+constexpr int kStagedMaxX = 16 * 1024;      // bytes of the activations kept in shared memory (2·H·M)
+
+template <int BITS, class T, int RT, int GS, bool ASYM, bool TOPK>
+int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
+  constexpr int C = kStagedC, NS = kStagedNS, kWarps = 4, ROWS = 16 * RT;
+  auto kernel = logits_staged_kernel<BITS, T, C, RT, NS, GS, ASYM, TOPK>;
+  static int optin = [] {
+    int dev = 0, v = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    return v;
+  }();
+  static bool attr = [&] {
+    QHEAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
+    return true;
+  }();
+  (void)attr;
+  const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+  const int wbytes = staged_warp_bytes<BITS, C, RT, NS, ASYM>(a.groups, sbytes);
+  const size_t base = size_t(staged_x_bytes(a.H, a.M)) + size_t(kWarps) * wbytes;
+  const int64_t tiles = (a.V + ROWS - 1) / ROWS;
+  const int64_t want = (tiles + kWarps - 1) / kWarps;
+  auto blocks_per_sm = [&](size_t smem) {
+    int b = 0;
+    QHEAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kWarps * 32, smem));
+    return b;
+  };
+  size_t smem = base;
+  int64_t gy = 0;
+  if constexpr (TOPK) {
+    // The pools hold every logit a CTA computes (no compaction): size them for
+    // the grid the occupancy allows with them, which shrinks as they grow.
+    if (a.k > kTopkGather || topk_finish_scratch(std::min(8, a.M), kWarps) > kWarps * wbytes) return -1;
+    a.tk_cols = std::min(8, a.M);
+    gy = std::min<int64_t>(want, int64_t(sm_count()) * std::max(1, blocks_per_sm(base)));
+    bool fits = false;
+    for (int iter = 0; iter < 4 && !fits; ++iter) {
+      const int64_t per_warp = (tiles + gy * kWarps - 1) / (gy * kWarps);
+      int cap = 1;
+      while (cap < per_warp * kWarps * ROWS) cap <<= 1;
+      a.tk_cap = cap;
+      smem = base + size_t(a.tk_cols) * (size_t(cap) * 8 + 4);
+      if (smem > size_t(std::min(optin, kTopkMaxSmem))) return -1;
+      const int b = blocks_per_sm(smem);
+      if (b < 1) return -1;
+      const int64_t gy2 = std::min<int64_t>(want, int64_t(sm_count()) * b);
+      fits = gy2 >= gy;  // the pools fit the grid they were sized for
+      if (!fits) gy = gy2;
+    }
+    if (!fits) return -1;
+    a.tk_nblk = int(gy);
+    const size_t cand = size_t(a.M) * gy * size_t(a.k) * 8;
+    char* w = static_cast<char*>(ws(cand + size_t(a.M) * gy * 8));
+    a.tk_cand = reinterpret_cast<uint64_t*>(w);
+    a.tk_part = reinterpret_cast<float2*>(w + cand);
+  } else {
+    if (smem > size_t(optin)) return -1;
+    static size_t occ_smem = 0;
+    static int occ = 1;
+    if (smem != occ_smem) {
+      occ = std::max(1, blocks_per_sm(smem));
+      occ_smem = smem;
+    }
+    gy = std::min<int64_t>(want, int64_t(sm_count()) * occ);
+  }
+  kernel<<<dim3(1u, unsigned(gy)), kWarps * 32, smem, s>>>(a);
+  QHEAD_CUDA_CHECK_LAUNCH("logits_staged_kernel");
+  return TOPK ? int(gy) : 1;
+}
+
+template <int BITS, class T, bool TOPK>
+int launch_staged(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
+  // 8-bit: measured slower than the register-ring kernel (77 vs 64 us at
+  // M = 1, docs/performance.md), so not taken (nor instantiated).
+  if constexpr (BITS != 4) {
+    return -1;
+  } else {
+    constexpr int RT = 2, C = kStagedC, SPS = C / 16;
+    if (a.M > 8 || !staged_enabled()) return -1;
+    if (staged_x_bytes(a.H, a.M) > kStagedMaxX) return -1;
+    const int64_t row_bytes = int64_t(a.H) * BITS / 8;
+    if (row_bytes % C != 0 || row_bytes / C < kStagedNS) return -1;
+    const int gbytes = a.group * BITS / 8;
+    if (gbytes % 16 != 0) return -1;
+    const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+    if (16 * RT * a.groups * sbytes > kStagedMaxScaleBlock) return -1;
+    const bool asym = a.zp != nullptr;
+    auto go = [&](auto gs) {
+      constexpr int GS = decltype(gs)::value;
+      return asym ? launch_staged_cfg<BITS, T, RT, GS, true, TOPK>(a, s, ws)
+                  : launch_staged_cfg<BITS, T, RT, GS, false, TOPK>(a, s, ws);
+    };
+    const int segs = gbytes / 16;  // 16-byte segments per group
+    switch (segs) {
+      case 1: return go(std::integral_constant<int, 1>());
+      case 2: return go(std::integral_constant<int, 2>());
+      case 4: return go(std::integral_constant<int, 4>());
+      default:
+        if (segs % SPS != 0) return -1;
+        a.st_spg = segs / SPS;
+        return go(std::integral_constant<int, 0>());
+    }
+  }
+}
+
 template <int BITS, class T, int L>
 void launch_logits_l(const LogitsArgs& a, cudaStream_t s) {
-  // B fragments first (one tiny launch), then the fused kernel.
-  const int Mpad = (a.M + 7) & ~7;
-  const int64_t nfrag = int64_t(a.H / 4) * Mpad;
-  permute_x_kernel<BITS, T, L><<<static_cast<unsigned>((nfrag + 255) / 256), 256, 0, s>>>(
-      static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, a.H);
-  QHEAD_CUDA_CHECK_LAUNCH("permute_x_kernel");
   const bool asym = a.zp != nullptr;
 #define QHEAD_LAUNCH(RT, NT, D, W) \
   (asym ? launch_logits_cfg<BITS, T, L, RT, NT, D, true, W>(a, s) : launch_logits_cfg<BITS, T, L, RT, NT, D, false, W>(a, s))
@@ -471,22 +1101,34 @@ void launch_logits_l(const LogitsArgs& a, cudaStream_t s) {
 #undef QHEAD_LAUNCH
 }
 
-// The launcher one .cu instantiates per (BITS, T). Returns false when the
-// shape has no fast path (the caller falls back). x_frag must hold
-// ((M + 7) / 8 · 8) · H elements.
+// The launchers one .cu instantiates per (BITS, T). launch_logits returns
+// false when the shape has no fast path (the caller falls back); x_frag must
+// hold ((M + 7) / 8 · 8) · H elements. M <= 8 takes the staged kernel where
+// it fits, else the register-ring kernel. launch_logits_topk runs the staged
+// kernel with the top-k epilogue and returns the number of partial results
+// per activation row it wrote (a.tk_cand, a.tk_part), or 0 when the shape
+// has no fused top-k (the caller computes logits, then selects).
 template <int BITS, class T>
 bool launch_logits(const LogitsArgs& a, cudaStream_t s) {
-  switch (pick_piece_bytes(BITS, a.group)) {
+  const int l = pick_piece_bytes(BITS, a.group);
+  if (l == 0 || (BITS == 8 && l == 4)) return false;  // 8-bit codes take L = 4 only for groups < 32
+  if (a.M <= 8) {
+    LogitsArgs b = a;
+    if (launch_staged<BITS, T, false>(b, s, nullptr) >= 0) return true;
+  }
+  switch (l) {
     case 16: launch_logits_l<BITS, T, 16>(a, s); return true;
     case 8: launch_logits_l<BITS, T, 8>(a, s); return true;
-    case 4:
-      if constexpr (BITS == 4) {  // 8-bit codes take L = 4 only for groups < 32, which the schemes do not have
-        launch_logits_l<BITS, T, 4>(a, s);
-        return true;
-      }
-      return false;
-    default: return false;
+    default:
+      if constexpr (BITS == 4) launch_logits_l<BITS, T, 4>(a, s);
+      return true;
   }
+}
+template <int BITS, class T>
+int launch_logits_topk(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
+  const int l = pick_piece_bytes(BITS, a.group);
+  if (l == 0 || a.M > 8) return 0;
+  return std::max(0, launch_staged<BITS, T, true>(a, s, ws));
 }
 
 // Declared here, defined in logits_w{4,8}_{f16,bf16}.cu (one configuration each).
@@ -494,5 +1136,9 @@ bool launch_logits_w4_f16(const LogitsArgs& a, cudaStream_t s);
 bool launch_logits_w4_bf16(const LogitsArgs& a, cudaStream_t s);
 bool launch_logits_w8_f16(const LogitsArgs& a, cudaStream_t s);
 bool launch_logits_w8_bf16(const LogitsArgs& a, cudaStream_t s);
+int launch_logits_topk_w4_f16(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws);
+int launch_logits_topk_w4_bf16(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws);
+int launch_logits_topk_w8_f16(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws);
+int launch_logits_topk_w8_bf16(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws);
 
 }  // namespace qhead::cuda_detail

@@ -36,7 +36,8 @@ enum WorkspaceSlot : int {
   kWsActivations = 0,  // B-fragment-ordered activations of the fused kernel
   kWsDenseTable,       // the fallback's dequantized [V, H] table
   kWsLogits,           // [M, V] logits the top-k reads
-  kWsTopkCandidates,   // stage-1 top-k candidates and partial sums
+  kWsTopkCandidates,   // level-0 top-k candidates and partial sums
+  kWsTopkLevels,       // the merge levels' candidates (two buffers)
   kWsEmbedFlag,        // embed's out-of-range flag
   kWsCount
 };
@@ -184,18 +185,28 @@ __global__ void dequant_words_kernel(TableArgs t, OutT* __restrict__ out) {
   }
 }
 
-// ---- top-k over materialized logits (block per row) ---------------------------------
+// ---- top-k selection (block per row or slice) ---------------------------------------
+//
+// Candidates are 64-bit entries (common.cuh): entry order is the reference's
+// top-k order, and entries are distinct (distinct ids), so "the k largest
+// entries" is exactly the top-k. block_select finds them for one row in a
+// few passes over the row's entries, never sorting the row:
+//   1. a threshold: the k-th largest of the threads' own maxima bounds the
+//      row's k-th entry from below (k distinct entries reach it), found to 16
+//      bits by two 8-bit radix passes over the T maxima only — so entries
+//      >= it are usually k to a few k;
+//   2. those entries are gathered into shared memory and sorted there.
+// When the gather would overflow (heavy ties, k close to T), an exact radix
+// select of the k-th entry over all entries (8 passes) replaces step 1.
 
-__device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // larger float → larger key
-}
-
-constexpr int kTopkThreads = 1024;
 constexpr int kMaxK = 1024;
+constexpr int kSelThreads = 256;
+constexpr int kSelPer = 32;                        // items per thread, held in registers
+constexpr int64_t kSlice = kSelThreads * kSelPer;  // items per selection block
+constexpr int kSelPool = 2048;                     // > kMaxK: the exact path always fits
 
-// Sorts n (≤ 2·kTopkThreads, padded to a power of two) candidates in shared
-// memory: value descending, then id ascending.
+// Sorts n (a power of two ≤ kMaxK) candidates in shared memory: value
+// descending, then id ascending (rescore's per-row sort).
 __device__ void bitonic_sort(float* v, int* id, int n) {
   for (int size = 2; size <= n; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
@@ -216,160 +227,253 @@ __device__ void bitonic_sort(float* v, int* id, int n) {
   }
 }
 
-// Block-wide sums (returns the total to every thread).
-template <class V>
-__device__ V block_sum(V x, V* scratch) {
-  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  __syncthreads();
-  if (l == 0) scratch[w] = x;
-  __syncthreads();
-  V t = 0;
-  for (int i = 0; i < int(blockDim.x >> 5); ++i) t += scratch[i];
-  return t;
-}
-__device__ float block_max(float x, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  __syncthreads();
-  if (l == 0) scratch[w] = x;
-  __syncthreads();
-  float t = -INFINITY;
-  for (int i = 0; i < int(blockDim.x >> 5); ++i) t = fmaxf(t, scratch[i]);
-  return t;
+// Block-wide sort of p[0, n) descending (n a power of two ≤ kSelPool).
+__device__ void block_sort_desc(uint64_t* p, int n) {
+  if (n <= 64) {  // one warp, no block barriers
+    if (threadIdx.x < 32) warp_sort_desc(p, n);
+    __syncthreads();
+    return;
+  }
+  for (int size = 2; size <= n; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < (n >> 1); i += blockDim.x) {
+        const int lo = ((i & ~(stride - 1)) << 1) | (i & (stride - 1)), hi = lo + stride;
+        const uint64_t x = p[lo], y = p[hi];
+        if ((x < y) == ((lo & size) == 0)) { p[lo] = y; p[hi] = x; }
+      }
+      __syncthreads();
+    }
 }
 
-// Top-k of n values of one row by one block: value descending, ties to the
-// lower id. Ids are id_base + i, or ids[i] when given (the merge stage; ties
-// must then appear in increasing id order in the array, which stage 1's
-// output does). Radix select on order-preserving keys finds the k-th largest
-// key in four 8-bit passes; then everything above it, and the first ties
-// equal to it, are gathered in array order and sorted. Writes k results
-// (padded with −inf / INT_MAX when n < k).
-struct TopkSmem {
+struct SelectSmem {
   unsigned hist[256];
-  float sv[kMaxK];
-  int si[kMaxK];
-  unsigned warp_ties[32];
-  unsigned prefix, need, count, ties;
+  uint64_t pool[kSelPool];
+  unsigned wsum[32];
+  unsigned bin, need;
+  float fred[32], sred[32];
 };
 
-__device__ void block_topk(const float* __restrict__ vals, const int* __restrict__ ids, int64_t id_base, int64_t n,
-                           int k, float* out_v, int* out_i, TopkSmem& sm) {
-  const int kk = int(n < int64_t(k) ? n : int64_t(k));
-  if (threadIdx.x == 0) { sm.prefix = 0; sm.need = kk; }
+// One radix pass: among the keys that for_each yields whose digits above
+// `shift` equal `prefix`, the 8-bit digit at `shift` of the need-th largest;
+// prefix and need are updated. Returns false (prefix unchanged) when fewer
+// than `need` keys match. Keys of 0 (empty entries) are never counted.
+template <class ForEach>
+__device__ __forceinline__ bool radix_pass(ForEach&& for_each, int shift, uint64_t& prefix, unsigned& need, SelectSmem& sm) {
+  for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.hist[i] = 0;
   __syncthreads();
-  for (int shift = 24; shift >= 0 && kk > 0; shift -= 8) {
-    for (int i = threadIdx.x; i < 256; i += blockDim.x) sm.hist[i] = 0;
-    __syncthreads();
-    const uint32_t mask_hi = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
-    const uint32_t prefix = sm.prefix;
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const uint32_t key = order_key(vals[i]);
-      if ((key & mask_hi) == prefix) atomicAdd(&sm.hist[(key >> shift) & 0xFFu], 1u);
+  const uint64_t hi_mask = shift >= 56 ? 0ull : (~0ull << (shift + 8));
+  for_each([&](uint64_t key) {
+    if (key && (key & hi_mask) == prefix) atomicAdd(&sm.hist[(key >> shift) & 0xFFu], 1u);
+  });
+  __syncthreads();
+  if (threadIdx.x < 32) {  // warp 0: lane l holds bins 8l .. 8l+7; suffix sums from the top
+    const int l = threadIdx.x;
+    unsigned c[8], sum = 0;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) { c[j] = sm.hist[8 * l + j]; sum += c[j]; }
+    unsigned suf = sum;  // Σ of lanes >= l
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const unsigned y = __shfl_down_sync(0xffffffffu, suf, o);
+      if (l + o < 32) suf += y;
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      unsigned need = sm.need, cum = 0;
-      int d = 255;
-      for (; d > 0; --d) {
-        if (cum + sm.hist[d] >= need) break;
-        cum += sm.hist[d];
+    const unsigned above = suf - sum;  // Σ of lanes > l
+    if (l == 0) sm.bin = 0xFFFFFFFFu;
+    __syncwarp();
+    if (suf >= need && above < need) {
+      unsigned cum = above;
+      for (int j = 7; j >= 0; --j) {
+        if (cum + c[j] >= need) { sm.bin = unsigned(8 * l + j); sm.need = need - cum; break; }
+        cum += c[j];
       }
-      sm.need = need - cum;
-      sm.prefix = prefix | (uint32_t(d) << shift);
     }
-    __syncthreads();
   }
-  const uint32_t kth = sm.prefix;
-  const unsigned ties_wanted = kk > 0 ? sm.need : 0;
-  if (threadIdx.x == 0) { sm.count = 0; sm.ties = 0; }
   __syncthreads();
-  const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  for (int64_t base = 0; base < n && kk > 0; base += blockDim.x) {
-    const int64_t i = base + threadIdx.x;
-    const float v = i < n ? vals[i] : -INFINITY;
-    const uint32_t key = i < n ? order_key(v) : 0u;
-    const bool gt = i < n && key > kth;
-    const bool eq = i < n && key == kth;
-    const int id = i < n ? (ids ? ids[i] : int(id_base + i)) : 0;
-    if (gt) {
-      const unsigned pos = atomicAdd(&sm.count, 1u);
-      sm.sv[pos] = v;
-      sm.si[pos] = id;
+  const unsigned bin = sm.bin, nneed = sm.need;
+  __syncthreads();
+  if (bin == 0xFFFFFFFFu) return false;
+  prefix |= uint64_t(bin) << shift;
+  need = nneed;
+  return true;
+}
+
+// Gathers the entries >= tau into sm.pool; returns the count (may exceed
+// kSelPool: then only kSelPool were stored). Each thread counts its own
+// takers, a block-wide exclusive scan of the counts gives each thread its
+// first slot: no per-entry atomics or votes.
+template <class ForEach>
+__device__ __forceinline__ unsigned gather(ForEach&& for_each, uint64_t tau, SelectSmem& sm) {
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  unsigned c = 0;
+  for_each([&](uint64_t e) { c += (e && e >= tau) ? 1u : 0u; });
+  unsigned incl = c;  // inclusive scan within the warp
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) sm.wsum[w] = incl;
+  __syncthreads();
+  unsigned base = incl - c, total = 0;
+  for (int i = 0; i < nw; ++i) {
+    const unsigned t = sm.wsum[i];
+    base += i < w ? t : 0u;
+    total += t;
+  }
+  for_each([&](uint64_t e) {
+    if (e && e >= tau) {
+      if (base < unsigned(kSelPool)) sm.pool[base] = e;
+      ++base;
     }
-    const unsigned bal = __ballot_sync(0xffffffffu, eq);
-    if (l == 0) sm.warp_ties[w] = __popc(bal);
+  });
+  __syncthreads();
+  return total;
+}
+
+// The k best entries of one row, sorted: emit(j, entry) for j in [0, k)
+// (entry 0 = none, when the row has fewer than k). for_each(f) calls
+// f(entry) for the calling thread's entries, the same number of times in
+// every thread of the block (0 = no entry); my_max is the thread's largest.
+template <class ForEach, class Emit>
+__device__ __forceinline__ void block_select(ForEach&& for_each, uint64_t my_max, int k, Emit&& emit, SelectSmem& sm) {
+  // 1. Threshold from the thread maxima (16 bits).
+  uint64_t tau = 0;
+  unsigned need = unsigned(k);
+  auto maxima = [&](auto&& f) { f(my_max); };
+  if (radix_pass(maxima, 56, tau, need, sm)) radix_pass(maxima, 48, tau, need, sm);
+  else tau = 1;  // fewer than k non-empty maxima: take every entry
+  unsigned c = gather(for_each, tau, sm);
+  if (c > unsigned(kSelPool)) {
+    // 2'. Exact k-th entry, then exactly k entries are >= it.
+    tau = 0;
+    need = unsigned(k);
+    for (int shift = 56; shift >= 0; shift -= 8) radix_pass(for_each, shift, tau, need, sm);
+    c = gather(for_each, tau, sm);
+  }
+  int n2 = 1;
+  while (n2 < int(c)) n2 <<= 1;
+  for (int i = int(c) + threadIdx.x; i < n2; i += blockDim.x) sm.pool[i] = 0;
+  __syncthreads();
+  block_sort_desc(sm.pool, n2);
+  for (int j = threadIdx.x; j < k; j += blockDim.x) emit(j, j < int(c) ? sm.pool[j] : 0ull);
+  __syncthreads();
+}
+
+// Block-wide (max, Σ exp(l − max)) → every thread.
+__device__ float2 block_lse(float mx, float s, SelectSmem& sm) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, mx, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    lse_combine(mx, s, m2, s2);
+  }
+  const int w = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) { sm.fred[w] = mx; sm.sred[w] = s; }
+  __syncthreads();
+  mx = -INFINITY;
+  s = 0.0f;
+  for (int i = 0; i < int(blockDim.x >> 5); ++i) lse_combine(mx, s, sm.fred[i], sm.sred[i]);
+  __syncthreads();
+  return make_float2(mx, s);
+}
+
+// One selection level. Block (p, m) takes items [p·kSlice, (p+1)·kSlice) of
+// row m of `in` (n items per row): logits (In = float, id = index) or entries
+// (In = uint64_t) — kSelPer per thread, loaded once into registers — and
+//   level: writes its best k entries → cand[m, p, :] and, for logits, the
+//          slice's (max, Σ exp) → part[m, p];
+//   final (values != nullptr, one block per row): writes the row's top-k
+//          values and ids, and lse[m] from the P0 partial sums part_in[m, :]
+//          (combined in double).
+struct SelectArgs {
+  const void* in;
+  int64_t n;  // items per row
+  int k;
+  uint64_t* cand = nullptr;
+  float2* part = nullptr;
+  float* values = nullptr;
+  int* ids = nullptr;
+  float* lse = nullptr;
+  const float2* part_in = nullptr;
+  int P0 = 0;
+};
+
+template <class In>
+__global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectArgs a) {
+  __shared__ SelectSmem sm;
+  __shared__ double dred[kSelThreads / 32];
+  const int p = blockIdx.x, m = blockIdx.y, P = gridDim.x;
+  const int64_t b = int64_t(p) * kSlice;
+  const int cnt = int(a.n - b < kSlice ? a.n - b : kSlice);
+  const In* in = static_cast<const In*>(a.in) + int64_t(m) * a.n + b;
+  // The block's items as entries, in registers (the logits' log-sum-exp first).
+  uint64_t e[kSelPer];
+  {
+    In x[kSelPer];
+#pragma unroll
+    for (int j = 0; j < kSelPer; ++j) {
+      const int i = j * kSelThreads + int(threadIdx.x);
+      x[j] = i < cnt ? in[i] : In(0);
+    }
+    if constexpr (std::is_same_v<In, float>) {
+      // Thread max, then Σ exp(l − max): independent operations, not the online update's chain.
+      float mx = -INFINITY, s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kSelPer; ++j)
+        if (j * kSelThreads + int(threadIdx.x) < cnt) mx = fmaxf(mx, x[j]);
+      if (mx != -INFINITY) {
+#pragma unroll
+        for (int j = 0; j < kSelPer; ++j)
+          if (j * kSelThreads + int(threadIdx.x) < cnt) s += expf(x[j] - mx);
+      }
+      const float2 l = block_lse(mx, s, sm);
+      if (threadIdx.x == 0) a.part[int64_t(m) * P + p] = l;
+#pragma unroll
+      for (int j = 0; j < kSelPer; ++j) {
+        const int i = j * kSelThreads + int(threadIdx.x);
+        e[j] = i < cnt ? make_entry(x[j], b + i) : 0ull;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kSelPer; ++j) e[j] = x[j];
+    }
+  }
+  uint64_t my_max = 0;
+#pragma unroll
+  for (int j = 0; j < kSelPer; ++j) my_max = e[j] > my_max ? e[j] : my_max;
+  if (a.lse) {  // final level: the row's log-sum-exp from the level-0 partial sums
+    const float2* pr = a.part_in + int64_t(m) * a.P0;
+    float mx = -INFINITY;
+    for (int q = threadIdx.x; q < a.P0; q += blockDim.x) mx = fmaxf(mx, pr[q].x);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((threadIdx.x & 31) == 0) sm.fred[threadIdx.x >> 5] = mx;
     __syncthreads();
-    unsigned before = sm.ties;
-    for (int j = 0; j < w; ++j) before += sm.warp_ties[j];
-    before += __popc(bal & ((1u << l) - 1u));
-    if (eq && before < ties_wanted) {
-      const unsigned pos = atomicAdd(&sm.count, 1u);
-      sm.sv[pos] = v;
-      sm.si[pos] = id;
-    }
+    mx = -INFINITY;
+    for (int w = 0; w < int(blockDim.x >> 5); ++w) mx = fmaxf(mx, sm.fred[w]);
+    double s = 0.0;
+    for (int q = threadIdx.x; q < a.P0; q += blockDim.x)
+      if (pr[q].x != -INFINITY) s += double(pr[q].y) * exp(double(pr[q].x) - double(mx));
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((threadIdx.x & 31) == 0) dred[threadIdx.x >> 5] = s;
     __syncthreads();
     if (threadIdx.x == 0) {
-      unsigned tot = 0;
-      for (int j = 0; j < int(blockDim.x >> 5); ++j) tot += sm.warp_ties[j];
-      sm.ties += tot;
+      double t = 0.0;
+      for (int w = 0; w < int(blockDim.x >> 5); ++w) t += dred[w];
+      a.lse[m] = float(double(mx) + log(t));
     }
-    __syncthreads();
   }
-  int np = 1;
-  while (np < k) np <<= 1;
-  for (int i = kk + threadIdx.x; i < np; i += blockDim.x) { sm.sv[i] = -INFINITY; sm.si[i] = 0x7fffffff; }
-  __syncthreads();
-  bitonic_sort(sm.sv, sm.si, np);
-  for (int i = threadIdx.x; i < k; i += blockDim.x) {
-    out_v[i] = sm.sv[i];
-    out_i[i] = sm.si[i];
+  auto for_each = [&](auto&& f) {
+#pragma unroll
+    for (int j = 0; j < kSelPer; ++j) f(e[j]);
+  };
+  if (a.values) {
+    block_select(for_each, my_max, a.k, [&](int j, uint64_t e) {
+      a.values[int64_t(m) * a.k + j] = entry_value(e);
+      a.ids[int64_t(m) * a.k + j] = entry_id(e);
+    }, sm);
+  } else {
+    uint64_t* out = a.cand + (int64_t(m) * P + p) * a.k;
+    block_select(for_each, my_max, a.k, [&](int j, uint64_t e) { out[j] = e; }, sm);
   }
-  __syncthreads();
-}
-
-constexpr int64_t kTopkSlice = 4096;  // vocab entries per stage-1 block
-
-// Stage 1: block (p, m) takes slice p of row m: its top-k candidates and its
-// (max, Σ exp(l − max)) for the log-sum-exp.
-__global__ void __launch_bounds__(kTopkThreads) topk_stage1_kernel(const float* __restrict__ logits, int64_t V, int k,
-                                                                    int P, float* cand_v, int* cand_i, float* pmax,
-                                                                    float* psum) {
-  __shared__ TopkSmem sm;
-  __shared__ float fscratch[32];
-  const int p = blockIdx.x, m = blockIdx.y;
-  const int64_t b = int64_t(p) * kTopkSlice, e = (V < b + kTopkSlice) ? V : b + kTopkSlice;
-  const float* row = logits + int64_t(m) * V + b;
-  float mx = -INFINITY;
-  for (int64_t i = threadIdx.x; i < e - b; i += blockDim.x) mx = fmaxf(mx, row[i]);
-  mx = block_max(mx, fscratch);
-  float s = 0.0f;
-  for (int64_t i = threadIdx.x; i < e - b; i += blockDim.x) s += __expf(row[i] - mx);
-  s = block_sum(s, fscratch);
-  if (threadIdx.x == 0) { pmax[int64_t(m) * P + p] = mx; psum[int64_t(m) * P + p] = s; }
-  const int64_t o = (int64_t(m) * P + p) * k;
-  block_topk(row, nullptr, b, e - b, k, cand_v + o, cand_i + o, sm);
-}
-
-// Stage 2: one block per row merges the P·k candidates and the P partial sums.
-__global__ void __launch_bounds__(kTopkThreads) topk_stage2_kernel(const float* cand_v, const int* cand_i, const float* pmax,
-                                                                    const float* psum, int P, int k, float* values,
-                                                                    int* ids, float* lse) {
-  __shared__ TopkSmem sm;
-  __shared__ double dscratch[32];
-  __shared__ float fscratch[32];
-  const int m = blockIdx.x;
-  float mx = -INFINITY;
-  for (int p = threadIdx.x; p < P; p += blockDim.x) mx = fmaxf(mx, pmax[int64_t(m) * P + p]);
-  mx = block_max(mx, fscratch);
-  double s = 0.0;
-  for (int p = threadIdx.x; p < P; p += blockDim.x)
-    s += double(psum[int64_t(m) * P + p]) * exp(double(pmax[int64_t(m) * P + p]) - double(mx));
-  s = block_sum(s, dscratch);
-  if (threadIdx.x == 0) lse[m] = float(double(mx) + log(s));
-  const int64_t o = int64_t(m) * P * k;
-  block_topk(cand_v + o, cand_i + o, 0, int64_t(P) * k, k, values + int64_t(m) * k, ids + int64_t(m) * k, sm);
 }
 
 // rescore: one warp per (row, candidate) dot product in f32; then per row a sort.
@@ -461,34 +565,57 @@ void gemm_fallback(const Table& table, const TensorView& x, float* out, int64_t 
   gemm_xwt(w, cuda_type(wt), x.data, cuda_type(x.dtype), out, V, H, M, ldo);
 }
 
-// Fused logits into out (ld ldo); returns false when the table/shape has no fast path.
-bool fused_logits(const Table& table, const TensorView& x, float* out, int64_t ldo) {
+// The fused kernel's arguments for table × x, or false when the table/shape
+// has no fused kernel.
+bool fused_args(const Table& table, const TensorView& x, LogitsArgs& a) {
   if (!table.is_packed()) return false;
   const PackedTable& p = table.packed();
   const int bits = p.scheme.bits;
   if (bits != 4 && bits != 8) return false;
   const int group = static_cast<int>(p.scheme.group_len(p.hidden));
   if (pick_piece_bytes(bits, group) == 0) return false;
-  cudaStream_t s = current_stream();
   const int64_t mpad = (x.size(0) + 7) / 8 * 8;
-  void* xp = workspace(kWsActivations, size_t(mpad * p.hidden) * 2);
-  LogitsArgs a;
   a.packed = static_cast<const uint32_t*>(p.packed.data());
   a.scale = p.scale.data();
   a.scale_type = scale_type(p.scheme.scale_dtype);
   a.zp = p.scheme.symmetric ? nullptr : static_cast<const uint32_t*>(p.zero_point.data());
   a.x = x.data;
-  a.x_frag = xp;
-  a.out = out;
-  a.ldo = ldo;
+  a.x_frag = workspace(kWsActivations, size_t(mpad * p.hidden) * 2);
+  a.out = nullptr;
+  a.ldo = 0;
   a.V = p.vocab;
   a.H = static_cast<int>(p.hidden);
   a.group = group;
   a.groups = static_cast<int>(p.scheme.groups(p.hidden));
   a.M = static_cast<int>(x.size(0));
+  return true;
+}
+
+// Fused logits into out (ld ldo); returns false when the table/shape has no fast path.
+bool fused_logits(const Table& table, const TensorView& x, float* out, int64_t ldo) {
+  LogitsArgs a;
+  if (!fused_args(table, x, a)) return false;
+  a.out = out;
+  a.ldo = ldo;
   if (a.M == 0 || a.V == 0) return true;
-  if (bits == 4) return x.dtype == DType::kF16 ? launch_logits_w4_f16(a, s) : launch_logits_w4_bf16(a, s);
-  return x.dtype == DType::kF16 ? launch_logits_w8_f16(a, s) : launch_logits_w8_bf16(a, s);
+  cudaStream_t s = current_stream();
+  const bool f16 = x.dtype == DType::kF16;
+  if (table.packed().scheme.bits == 4) return f16 ? launch_logits_w4_f16(a, s) : launch_logits_w4_bf16(a, s);
+  return f16 ? launch_logits_w8_f16(a, s) : launch_logits_w8_bf16(a, s);
+}
+
+void* topk_workspace(size_t bytes) { return workspace(kWsTopkCandidates, bytes); }
+
+// The fused kernel with the top-k epilogue: fills a.tk_cand / a.tk_part and
+// returns their partial count per row, or 0 when it launched nothing.
+int fused_topk(const Table& table, const TensorView& x, int64_t k, LogitsArgs& a) {
+  if (!fused_args(table, x, a)) return 0;
+  a.k = static_cast<int>(k);
+  cudaStream_t s = current_stream();
+  const bool f16 = x.dtype == DType::kF16;
+  if (table.packed().scheme.bits == 4)
+    return f16 ? launch_logits_topk_w4_f16(a, s, topk_workspace) : launch_logits_topk_w4_bf16(a, s, topk_workspace);
+  return f16 ? launch_logits_topk_w8_f16(a, s, topk_workspace) : launch_logits_topk_w8_bf16(a, s, topk_workspace);
 }
 
 }  // namespace
@@ -537,29 +664,92 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
   gemm_fallback(table, x, out.ptr<float>(), table.vocab());
 }
 
-void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
-          const TensorView& lse, Backend backend) {
-  // The top-k epilogue is not fused into the logits kernel yet: logits into a
-  // workspace, then the two-stage top-k.
+// Above this k the fused top-k is not taken (its per-CTA gather holds
+// kTopkGather candidates per row).
+constexpr int64_t kFusedTopkMaxK = kTopkGather;
+
+namespace {
+// Level-0 candidates cand[M, P0, k] and partial sums part[M, P0] → the top-k
+// and lse: selection levels of kSlice entries per block until one block per
+// row holds them all, then the final level.
+void merge_topk(const uint64_t* cand, const float2* part, int P0, int64_t M, int64_t k, float* values, int* ids,
+                float* lse) {
+  cudaStream_t s = current_stream();
+  int64_t n = int64_t(P0) * k;  // entries per row
+  uint64_t* buf[2] = {nullptr, nullptr};
+  if (n > kSlice) {
+    const int64_t P1 = (n + kSlice - 1) / kSlice;
+    char* w = static_cast<char*>(workspace(kWsTopkLevels, size_t(2 * M * P1 * k) * 8));
+    buf[0] = reinterpret_cast<uint64_t*>(w);
+    buf[1] = buf[0] + M * P1 * k;
+  }
+  SelectArgs a;
+  a.in = cand;
+  a.k = int(k);
+  for (int level = 0; n > kSlice; ++level) {
+    const int64_t P = (n + kSlice - 1) / kSlice;
+    a.n = n;
+    a.cand = buf[level & 1];
+    topk_select_kernel<uint64_t><<<dim3(unsigned(P), unsigned(M)), kSelThreads, 0, s>>>(a);
+    QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel<entry>");
+    a.in = a.cand;
+    n = P * k;
+  }
+  a.n = n;
+  a.cand = nullptr;
+  a.values = values;
+  a.ids = ids;
+  a.lse = lse;
+  a.part_in = part;
+  a.P0 = P0;
+  topk_select_kernel<uint64_t><<<dim3(1u, unsigned(M)), kSelThreads, 0, s>>>(a);
+  QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel<final>");
+}
+
+void topk_impl(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
+               const TensorView& lse, Backend backend, bool allow_epilogue) {
   check_act(x, "topk");
   if (k > kMaxK) fail("topk", "CUDA top-k takes k <= " + std::to_string(kMaxK) + ", got " + std::to_string(k));
   const int64_t M = x.size(0), V = table.vocab();
+  if (M == 0) return;
+  cudaStream_t s = current_stream();
+  float* ov = values.ptr<float>();
+  int* oi = ids.ptr<int>();
+  float* ol = lse.ptr<float>();
+  // kFused: the logits kernel keeps per (row, CTA) its best k and (max, Σ exp);
+  // the [M, V] logits never reach memory. Then the merge levels. kAuto does
+  // not take it: on the H200 logits + selection is faster (67 vs 78 us at
+  // M = 1, 151936x1024 w4g64; docs/performance.md).
+  if (allow_epilogue && backend == Backend::kFused && k <= kFusedTopkMaxK) {
+    LogitsArgs a;
+    if (const int nblk = fused_topk(table, x, k, a)) return merge_topk(a.tk_cand, a.tk_part, nblk, M, k, ov, oi, ol);
+  }
+  // Otherwise logits into a workspace; slices of kSlice logits per block
+  // select their best k, then the same merge.
   float* l = static_cast<float*>(workspace(kWsLogits, size_t(M * V) * sizeof(float)));
   if (!want_fused(backend, M) || !fused_logits(table, x, l, V)) gemm_fallback(table, x, l, V);
-  if (M == 0) return;
-  // Two stages: slices of 4096 logits per block in parallel, then a merge.
-  const int P = int((V + kTopkSlice - 1) / kTopkSlice);
-  char* ws = static_cast<char*>(workspace(kWsTopkCandidates, size_t(M) * P * (2 * size_t(k) + 2) * 4));
-  float* cv = reinterpret_cast<float*>(ws);
-  int* ci = reinterpret_cast<int*>(cv + M * P * k);
-  float* pm = reinterpret_cast<float*>(ci + M * P * k);
-  float* ps = pm + M * P;
-  cudaStream_t s = current_stream();
-  topk_stage1_kernel<<<dim3(unsigned(P), unsigned(M)), 512, 0, s>>>(l, V, int(k), P, cv, ci, pm, ps);
-  QHEAD_CUDA_CHECK_LAUNCH("topk_stage1_kernel");
-  topk_stage2_kernel<<<unsigned(M), 512, 0, s>>>(cv, ci, pm, ps, P, int(k), values.ptr<float>(), ids.ptr<int>(),
-                                                 lse.ptr<float>());
-  QHEAD_CUDA_CHECK_LAUNCH("topk_stage2_kernel");
+  const int P = int((V + kSlice - 1) / kSlice);
+  char* ws = static_cast<char*>(workspace(kWsTopkCandidates, size_t(M) * P * (size_t(k) + 1) * 8));
+  SelectArgs sa;
+  sa.in = l;
+  sa.n = V;
+  sa.k = int(k);
+  sa.cand = reinterpret_cast<uint64_t*>(ws);
+  sa.part = reinterpret_cast<float2*>(sa.cand + M * P * k);
+  topk_select_kernel<float><<<dim3(unsigned(P), unsigned(M)), kSelThreads, 0, s>>>(sa);
+  QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel<float>");
+  merge_topk(sa.cand, sa.part, P, M, k, ov, oi, ol);
+}
+}  // namespace
+
+void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
+          const TensorView& lse, Backend backend) {
+  topk_impl(table, x, k, values, ids, lse, backend, true);
+}
+
+void topk_separate(const Table& table, const TensorView& x, int64_t k, const TensorView& values,
+                   const TensorView& ids, const TensorView& lse, Backend backend) {
+  topk_impl(table, x, k, values, ids, lse, backend, false);
 }
 
 void rescore(const Table& dense, const TensorView& x, const TensorView& candidates, const TensorView& values,
