@@ -82,26 +82,30 @@ Tensor permuted_x(const Table& t, const TensorView& x) {
 
 }  // namespace
 
-void gather_columns(const TensorView& src, const TensorView& perm, const TensorView& dst) {
-  if (src.device == Device::kCUDA) return cuda_ops::gather_columns(src, perm, dst);
+namespace {
+// CPU form of gather_columns (scatter = false) and scatter_columns (true).
+void permute_columns_cpu(const TensorView& src, const TensorView& perm, const TensorView& dst, bool scatter) {
   const int64_t m = src.size(0), h = src.size(1);
   const size_t es = dtype_size(src.dtype);
   const int32_t* p = perm.ptr<const int32_t>();
   const char* s = static_cast<const char*>(src.data);
   char* d = static_cast<char*>(dst.data);
   for (int64_t r = 0; r < m; ++r)
-    for (int64_t j = 0; j < h; ++j) std::memcpy(d + (r * h + j) * es, s + (r * h + p[j]) * es, es);
+    for (int64_t j = 0; j < h; ++j) {
+      const int64_t from = r * h + (scatter ? j : p[j]), to = r * h + (scatter ? p[j] : j);
+      std::memcpy(d + to * es, s + from * es, es);
+    }
+}
+}  // namespace
+
+void gather_columns(const TensorView& src, const TensorView& perm, const TensorView& dst) {
+  if (src.device == Device::kCUDA) return cuda_ops::gather_columns(src, perm, dst);
+  permute_columns_cpu(src, perm, dst, false);
 }
 
 void scatter_columns(const TensorView& src, const TensorView& perm, const TensorView& dst) {
   if (src.device == Device::kCUDA) return cuda_ops::scatter_columns(src, perm, dst);
-  const int64_t m = src.size(0), h = src.size(1);
-  const size_t es = dtype_size(src.dtype);
-  const int32_t* p = perm.ptr<const int32_t>();
-  const char* s = static_cast<const char*>(src.data);
-  char* d = static_cast<char*>(dst.data);
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t j = 0; j < h; ++j) std::memcpy(d + (r * h + p[j]) * es, s + (r * h + j) * es, es);
+  permute_columns_cpu(src, perm, dst, true);
 }
 
 void embed(const Table& table, const TensorView& ids, const TensorView& out, Backend backend) {
