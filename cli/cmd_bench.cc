@@ -24,19 +24,6 @@ namespace {
 
 [[noreturn]] void bad(const std::string& what) { throw Error(ErrorCode::kInvalidArgument, "bench", what); }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    const size_t e = s.find(sep, b);
-    std::string part = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
-    if (!part.empty()) out.push_back(part);
-    if (e == std::string::npos) break;
-    b = e + 1;
-  }
-  return out;
-}
-
 int64_t parse_positive(const std::string& s, const std::string& what) {
   size_t used = 0;
   long long v = 0;

@@ -17,6 +17,20 @@
 
 namespace qhead::cli {
 
+// The non-empty pieces of s between separators ("1,,8" -> {"1", "8"}).
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    const size_t e = s.find(sep, b);
+    std::string part = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
+    if (!part.empty()) out.push_back(part);
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return out;
+}
+
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KB", "MB", "GB", "TB"};
   int u = 0;

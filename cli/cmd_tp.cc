@@ -28,19 +28,6 @@ namespace {
   throw Error(ErrorCode::kInvalidArgument, where, what);
 }
 
-std::vector<std::string> split(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    const size_t e = s.find(sep, b);
-    std::string part = s.substr(b, e == std::string::npos ? std::string::npos : e - b);
-    if (!part.empty()) out.push_back(part);
-    if (e == std::string::npos) break;
-    b = e + 1;
-  }
-  return out;
-}
-
 int64_t parse_int(const char* where, const std::string& s, const std::string& what, int64_t min) {
   size_t used = 0;
   long long v = 0;

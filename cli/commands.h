@@ -81,5 +81,7 @@ int run_tp(const TpRunArgs& a);
 
 // Shared by the commands: "1.23 MB".
 std::string human_bytes(double bytes);
+// The non-empty pieces of s between separators (list flags: --m 1,8 --shape A,B).
+std::vector<std::string> split(const std::string& s, char sep);
 
 }  // namespace qhead::cli
