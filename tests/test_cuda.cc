@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -170,10 +171,45 @@ TEST(Cuda, LogitsOtherHidden) {
     }
 }
 
+// Every fused kernel family at every M: the GEMV kernels forced up to M = 256
+// (QHEAD_CUDA_GEMM=0), the mma.sync GEMM and (on sm_90) the wgmma GEMM forced
+// down to M = 1, so each is checked on the shapes the others normally take.
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+TEST(Cuda, LogitsGemmAndGemvAtEveryM) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1700;
+  for (int mode : {0, 1, 2}) {
+    SCOPED_TRACE(mode == 0 ? "GEMV forced" : mode == 1 ? "mma.sync GEMM forced" : "wgmma GEMM forced (sm_90)");
+    ScopedEnv e1(mode == 0 ? "QHEAD_CUDA_GEMM" : "QHEAD_CUDA_GEMM_MIN_M", mode == 0 ? "0" : "1");
+    ScopedEnv e2(mode == 1 ? "QHEAD_CUDA_WGMMA" : "QHEAD_CUDA_WGMMA_MIN_M", mode == 1 ? "0" : "1");
+    for (int bits : {4, 8})
+      for (int group : {32, 128, -1})
+        for (int64_t M : {1, 3, 8, 16, 17, 33, 64, 65, 256}) {
+          const bool sym = seed % 2 == 0;
+          const DType act = seed % 3 == 0 ? DType::kF16 : DType::kBF16;
+          const DType scale = seed % 5 == 0 ? DType::kF32 : (seed % 5 < 3 ? DType::kF16 : DType::kBF16);
+          const int64_t V = seed % 4 == 0 ? 257 : 3001;
+          check_logits({bits, group, sym, act, scale, V, 1024, M}, seed++, Backend::kFused);
+        }
+  }
+  // H whose stage count is odd or a group spans several stages (8-bit g128: 2 stages; per row).
+  for (int64_t H : {640, 2560, 4096})
+    for (int group : {64, 128, -1})
+      for (int bits : {4, 8}) {
+        if (group > 0 && H % group) continue;
+        check_logits({bits, group, seed % 2 == 0, DType::kF16, DType::kBF16, 1000, H, 40}, seed++, Backend::kAuto);
+      }
+}
+
 TEST(Cuda, LogitsFallbackAndUnsupportedShapes) {
   SKIP_WITHOUT_GPU();
   check_logits({4, 64, true, DType::kF16, DType::kF16, 3001, 1024, 5}, 2001, Backend::kFallbackBlas);
-  // kAuto at a large batch takes dequant + cuBLAS today (see kFusedMaxM): the weight-rounding bound applies.
+  // The fallback (dequant to the activation dtype + cuBLAS): the weight-rounding bound applies.
   check_logits({4, 128, false, DType::kBF16, DType::kBF16, 3001, 1024, 200}, 2004, Backend::kFallbackBlas);
   check_logits({8, -1, false, DType::kBF16, DType::kBF16, 3001, 512, 33}, 2002, Backend::kFallbackBlas);
   // 3-bit has no fused kernel: the dispatcher falls back, results still right.

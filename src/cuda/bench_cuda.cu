@@ -20,6 +20,7 @@
 
 #include "bench/bench.h"
 #include "common.cuh"
+#include "logits.cuh"
 #include "ops/ops_cuda.h"
 #include "qhead/cuda.h"
 #include "qhead/ops.h"
@@ -246,6 +247,25 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
         unsetenv("QHEAD_CUDA_STAGED");
         add("fused_v7", v7_us, double(table_bytes), dense_us, "the register-ring kernel (QHEAD_CUDA_STAGED=0)");
       }
+      if (M >= 9) {  // each fused kernel family at this M, same run (environment switches, logits.cuh)
+        auto variant = [&](const char* path, const char* n1, const char* v1, const char* n2, const char* v2,
+                           const std::string& note) {
+          setenv(n1, v1, 1);
+          if (n2) setenv(n2, v2, 1);
+          const double us = median_us([&](int i) {
+            logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);
+          }, reps);
+          unsetenv(n1);
+          if (n2) unsetenv(n2);
+          add(path, us, double(table_bytes), dense_us, note);
+        };
+        variant("fused_gemv", "QHEAD_CUDA_GEMM", "0", nullptr, nullptr, "the GEMV kernels (QHEAD_CUDA_GEMM=0)");
+        variant("fused_mma", "QHEAD_CUDA_GEMM_MIN_M", "1", "QHEAD_CUDA_WGMMA", "0",
+                "the mma.sync GEMM (QHEAD_CUDA_GEMM_MIN_M=1 QHEAD_CUDA_WGMMA=0)");
+        if (cuda_detail::device_has_wgmma())
+          variant("fused_wgmma", "QHEAD_CUDA_GEMM_MIN_M", "1", "QHEAD_CUDA_WGMMA_MIN_M", "1",
+                  "the wgmma GEMM (QHEAD_CUDA_GEMM_MIN_M=1 QHEAD_CUDA_WGMMA_MIN_M=1)");
+      }
       const double topk_us = median_us([&](int i) {
         topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(), Backend::kFused);
       }, reps);
@@ -257,8 +277,8 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
                                 Backend::kAuto);
       }, reps);
       add("logits_then_topk", sep_us, double(table_bytes), dense_us,
-          "k = " + std::to_string(k) + "; what qhead::topk (kAuto) runs: kAuto logits into [M, V] (fused for M <= 64, "
-          "else dequant + cuBLAS), then the separate top-k (slice selection + merge)");
+          "k = " + std::to_string(k) + "; what qhead::topk (kAuto) runs: kAuto logits into [M, V] (fused; above M = 64 "
+          "only the GEMM, else dequant + cuBLAS), then the separate top-k (slice selection + merge)");
     }
   }
   QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));

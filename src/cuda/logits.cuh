@@ -65,7 +65,8 @@ struct LogitsArgs {
   uint64_t* tk_cand = nullptr;  // [M, gridDim.y, k] entries (common.cuh), written
   float2* tk_part = nullptr;    // [M, gridDim.y] (max, Σ exp(l − max)) of the CTA's logits, written
   int tk_nblk = 0;              // gridDim.y of the launch (set by the launcher)
-  int st_spg = 1;               // staged kernel, groups longer than a stage: stages per group (set by the launcher)
+  int st_spg = 1;               // staged / GEMM kernel, groups longer than a stage: stages per group (set by the launcher)
+  bool gemm_only = false;       // launch_logits: take the GEMM or nothing (large M, where the GEMV kernels lose to cuBLAS)
 };
 
 // ---- integer → 16-bit pairs ---------------------------------------------------
@@ -916,6 +917,738 @@ __global__ void __launch_bounds__(128) logits_staged_kernel(const LogitsArgs a) 
   if constexpr (TOPK) tk.finish(a, st_smem + xs, g, t);  // the stage rings are free now
 }
 
+// ---- v10: the tensor-core GEMM (M > 16) ------------------------------------------------
+//
+// Why. The GEMV kernels above give every warp its own row tile and all M
+// activation columns, so above M ≈ 16 each warp's accumulators, B loads and
+// dequant per byte grow with M and the table's bytes stop being the cost. A
+// GEMM shares the work instead: a CTA of 8 warps owns a [256 rows × BM
+// columns] output tile, streams the tile's packed rows AND the activations'
+// k-slice through one ring of NS shared-memory stages (cp.async, 16-byte
+// copies), and every warp multiplies its 32 rows by all BM columns, so a
+// dequantized A fragment feeds BM/8 MMAs and a B fragment 2.
+//
+// Same bytes, no repack. A stage is 64 bytes of each row (128 h for 4-bit, 64
+// for 8-bit): the A words come by ldmatrix exactly as in the staged kernel,
+// and the activations come from the global x_frag that permute_x_kernel<…, 4>
+// writes (k-block-major, Mpad columns, lane order), so a stage's B slice
+// [k-blocks][BM][4 lanes] is KB·BM·32 contiguous bytes per k-block and every
+// B fragment is one conflict-free 8-byte shared load.
+//
+// Exactness as above: per group an f32 partial sum of exact (q − z)·x
+// products, scaled once when the group ends (cacc → acc).
+//
+// Scales and zero points travel with the stage: per row the scales of the
+// groups the stage touches (gps·sbytes ≤ 16 bytes; a 2-byte unit is copied as
+// its aligned 4-byte word), per zero-point word row its gps words. Rows past
+// V are zero-filled and never stored.
+//
+// Persistent grid: CTA c takes work units c, c + grid, … where a unit is
+// (row tile, column tile) with the column tile fastest, so the CTAs sharing
+// a row tile run together and its bytes come from L2 after the first read;
+// the stage stream runs on across units (no pipeline refill per tile).
+//
+//   BITS 4|8 · T · NT activation tiles of 8 per warp (BM = 8·NT) · GS 16-byte
+//   segments per group when a group fits a stage (1, 2, 4), 0 when it spans
+//   a.st_spg stages · ASYM.
+template <int N>
+__device__ __forceinline__ void cp_async_n(uint32_t dst, const void* src, int src_bytes) {
+  if constexpr (N == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N), "r"(src_bytes) : "memory");
+  }
+}
+
+constexpr int kGemmThreads = 256;  // 8 warps (two warpgroups) per CTA, one CTA per SM
+constexpr int kGemmC = 64;         // bytes per row per stage
+constexpr int kGemmNS = 4;         // stages in the ring
+
+// One ring stage: BV rows of codes (64 bytes each, padded to P), the
+// activations' k-slice for BM columns, the scales (≤ 16 bytes per row) and
+// zero points (≤ 4 words per word row) the stage's groups need.
+template <int BITS, int BV, int BM, bool ASYM, int NS = kGemmNS>
+struct GemmGeometry {
+  static constexpr int SPS = kGemmC / 16;                // 16-byte segments per row per stage
+  static constexpr int KBS = BITS == 4 ? 2 : 1;          // k-blocks (16 h) per segment
+  static constexpr int KBST = SPS * KBS;                 // k-blocks per stage
+  static constexpr int P = kGemmC + 16;                  // shared row pitch of the codes (bytes)
+  static constexpr int W_BYTES = BV * P;
+  static constexpr int X_BYTES = KBST * BM * 32;         // 32 bytes per (k-block, column)
+  static constexpr int S_BYTES = BV * 16;
+  static constexpr int ZROWS = BV * BITS / 32;           // zero-point word rows per tile
+  static constexpr int Z_BYTES = ASYM ? ZROWS * 16 : 0;
+  static constexpr int STAGE = W_BYTES + X_BYTES + S_BYTES + Z_BYTES;
+  static constexpr int SMEM = NS * STAGE;
+};
+
+// The copy side of both GEMMs: every thread of the CTA holds its share of a
+// stage's cp.async sources as pointers, set once per unit (start) and moved
+// by constants per stage (copy), so a stage costs each thread ~10 copies and
+// a few adds. `xs` is the activations in the kernel's k-block-major layout:
+// (kb·Mpad + m)·32 bytes per (k-block, column), a column tile's 32·BM bytes
+// contiguous per k-block. Rows past V are zero-filled (src-size 0) from an
+// in-range address.
+template <int BITS, int BV, int BM, int GS, bool ASYM>
+struct GemmCopier {
+  using Gg = GemmGeometry<BITS, BV, BM, ASYM>;
+  static constexpr int SPS = Gg::SPS, KBST = Gg::KBST, GPS = GS > 0 ? SPS / GS : 1;
+  static constexpr int WJ = BV * SPS / kGemmThreads;                      // code copies per thread
+  static constexpr int XJ = (KBST * BM * 2 + kGemmThreads - 1) / kGemmThreads;  // activation copies per thread
+  const char* w[WJ];
+  int wn[WJ];
+  uint32_t wdst[WJ];
+  const char* x;
+  int64_t xoff[XJ];
+  int64_t x_stage;  // bytes of xs per stage
+  int64_t soff;     // byte offset of this thread's scale row
+  bool sok;
+  const uint32_t* z;  // this thread's zero-point word row
+  bool zok;
+  int64_t g0;  // first group of the stage
+  int sgs, spg;
+
+  __device__ __forceinline__ void init(const LogitsArgs& a, int Mpad, int spg_) {
+    const int tid = threadIdx.x;
+    spg = spg_;
+#pragma unroll
+    for (int j = 0; j < WJ; ++j) {
+      const int q = tid + kGemmThreads * j;
+      wdst[j] = uint32_t((q / SPS) * Gg::P + (q % SPS) * 16);
+    }
+#pragma unroll
+    for (int j = 0; j < XJ; ++j) {
+      const int q = tid + kGemmThreads * j;
+      xoff[j] = int64_t(q / (2 * BM)) * Mpad * 32 + (q % (2 * BM)) * 16;
+    }
+    x_stage = int64_t(KBST) * Mpad * 32;
+  }
+  __device__ __forceinline__ void start(const LogitsArgs& a, const char* xs, int64_t row0, int m0) {
+    const int tid = threadIdx.x;
+    const int64_t row_bytes = int64_t(a.H) * BITS / 8;
+    const char* packed = reinterpret_cast<const char*>(a.packed);
+#pragma unroll
+    for (int j = 0; j < WJ; ++j) {
+      const int q = tid + kGemmThreads * j;
+      const int64_t row = row0 + q / SPS;
+      const bool ok = row < a.V;
+      w[j] = packed + (ok ? row : 0) * row_bytes + (q % SPS) * 16;
+      wn[j] = ok ? 16 : 0;
+    }
+    x = xs + int64_t(m0) * 32;
+    const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+    sok = row0 + tid < a.V && tid < BV;
+    soff = (sok ? row0 + tid : 0) * a.groups * sbytes;
+    if constexpr (ASYM) {
+      const int64_t wr = row0 * BITS / 32 + tid;
+      zok = tid < Gg::ZROWS && wr < (a.V * BITS + 31) / 32;
+      z = a.zp + (zok ? wr : 0) * a.groups;
+    }
+    g0 = 0;
+    sgs = 0;
+  }
+  // This unit's next stage into the ring slot at shared address st.
+  __device__ __forceinline__ void copy(const LogitsArgs& a, uint32_t st) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < WJ; ++j) {
+      cp_async16(st + wdst[j], w[j], wn[j]);
+      w[j] += kGemmC;
+    }
+#pragma unroll
+    for (int j = 0; j < XJ; ++j)
+      if ((KBST * BM * 2) % kGemmThreads == 0 || tid + kGemmThreads * j < KBST * BM * 2)
+        cp_async16(st + Gg::W_BYTES + (tid + kGemmThreads * j) * 16, x + xoff[j], 16);
+    x += x_stage;
+    if (tid < BV) {  // scales: GPS·sbytes bytes (a 2-byte unit as its aligned 4-byte word)
+      const char* scale = static_cast<const char*>(a.scale);
+      const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+      const uint32_t ss = st + Gg::W_BYTES + Gg::X_BYTES + tid * 16;
+      const int64_t off = soff + g0 * sbytes;
+      switch (GPS * sbytes) {
+        case 2: {
+          const int64_t al = off & ~int64_t(3), s_end = a.V * a.groups * 2;
+          cp_async_n<4>(ss, scale + al, sok ? int(s_end - al < 4 ? s_end - al : 4) : 0);
+          break;
+        }
+        case 4: cp_async_n<4>(ss, scale + off, sok ? 4 : 0); break;
+        case 8: cp_async_n<8>(ss, scale + off, sok ? 8 : 0); break;
+        default: cp_async_n<16>(ss, scale + off, sok ? 16 : 0); break;
+      }
+    }
+    if constexpr (ASYM) {  // zero points: GPS words of this thread's word row
+      if (tid < Gg::ZROWS) {
+        const uint32_t zs = st + Gg::W_BYTES + Gg::X_BYTES + Gg::S_BYTES + tid * 16;
+        if constexpr (GPS == 4) cp_async_n<16>(zs, z + g0, zok ? 16 : 0);
+        else if constexpr (GPS == 2) cp_async_n<8>(zs, z + g0, zok ? 8 : 0);
+        else cp_async_n<4>(zs, z + g0, zok ? 4 : 0);
+      }
+    }
+    if constexpr (GS > 0) {
+      g0 += GPS;
+    } else {
+      if (++sgs == spg) { sgs = 0; ++g0; }
+    }
+  }
+};
+
+// Scale of tile row rl for group gi of the stage (ks: the stage, for a 2-byte unit's half).
+template <int GPS>
+__device__ __forceinline__ float gemm_scale(const LogitsArgs& a, const unsigned char* ss, int rl, int gi, int64_t row0,
+                                            int64_t g0) {
+  const unsigned char* sp = ss + rl * 16;
+  if (a.scale_type == kScaleF32) return reinterpret_cast<const float*>(sp)[gi];
+  const int idx = GPS == 1 ? int(((row0 + rl) * a.groups + g0) & 1) : gi;
+  const unsigned short raw = reinterpret_cast<const unsigned short*>(sp)[idx];
+  return a.scale_type == kScaleBF16 ? __uint_as_float(uint32_t(raw) << 16) : __half2float(__ushort_as_half(raw));
+}
+
+// Signed zero point of tile row rl for group gi of the stage.
+template <int BITS>
+__device__ __forceinline__ int gemm_zero(const uint32_t* zs, int rl, int gi) {
+  const uint32_t word = zs[((rl * BITS) >> 5) * 4 + gi];
+  return int((word >> ((rl * BITS) & 31)) & ((1u << BITS) - 1u)) - (1 << (BITS - 1));
+}
+
+template <int BITS, class T>
+__device__ __forceinline__ void set_bias(int z, uint32_t& bias, uint32_t& bias16, float& zoff) {
+  bias = make_bias<BITS, T>(z);
+  bias16 = pack2<T>(-(72.0f + float(z)), -(72.0f + float(z)));
+  zoff = 8388608.0f + float(1 << (BITS - 1)) + float(z);
+}
+
+// mma.sync GEMM: warp = 32 rows (two m16 tiles) × all BM = 8·NT columns; 8 warps = 256 rows.
+// MINB CTAs per SM (2: ≤ 128 registers, a 3-stage ring), NS stages.
+template <int MINB> constexpr int gemm_stages() { return MINB == 2 ? 3 : kGemmNS; }
+
+template <int BITS, class T, int NT, int GS, bool ASYM, int MINB>
+__global__ void __launch_bounds__(kGemmThreads, MINB) logits_gemm_kernel(const LogitsArgs a, int Mpad) {
+  constexpr int RT = 2, BV = 256, BM = 8 * NT, NS = gemm_stages<MINB>();
+  using Gg = GemmGeometry<BITS, BV, BM, ASYM, NS>;
+  constexpr int SPS = Gg::SPS, KBS = Gg::KBS, P = Gg::P;
+  constexpr int GPS = GS > 0 ? SPS / GS : 1;  // groups a stage touches
+  constexpr int GS1 = GS > 0 ? GS : 1;
+  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wic = tid >> 5;
+  const int nst = int(int64_t(a.H) * BITS / 8 / kGemmC);  // stages per unit
+  const int nmt = Mpad / BM;                               // column tiles
+  const int64_t units = (a.V + BV - 1) / BV * nmt;
+  const int64_t my_units = blockIdx.x < units ? (units - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  if (my_units == 0) return;
+  const int64_t total = my_units * nst;
+  const int spg = GS > 0 ? 1 : a.st_spg;
+  extern __shared__ __align__(16) unsigned char gm_smem[];
+  const uint32_t smem0 = smem_u32(gm_smem);
+  const char* xs = static_cast<const char*>(a.x_frag);
+
+  int64_t cu = blockIdx.x;  // the copy side: unit, stage
+  int cks = 0;
+  int64_t issued = 0;
+  GemmCopier<BITS, BV, BM, GS, ASYM> cp;
+  cp.init(a, Mpad, spg);
+  auto issue = [&](int slot) {
+    if (issued < total) {
+      if (cks == 0) cp.start(a, xs, (cu / nmt) * BV, int(cu % nmt) * BM);
+      cp.copy(a, smem0 + slot * Gg::STAGE);
+      if (++cks == nst) { cks = 0; cu += gridDim.x; }
+    }
+    cp_async_commit();
+    ++issued;
+  };
+#pragma unroll
+  for (int d = 0; d < NS - 1; ++d) issue(d);
+
+  const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
+  float acc[RT][NT][4], cacc[RT][NT][4];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
+  int64_t u = blockIdx.x;  // the compute side: unit, its first row and column, stage; GS == 0: stage in group
+  int64_t row0 = (u / nmt) * BV, cg0 = 0;  // cg0: the stage's first group
+  int m0 = int(u % nmt) * BM;
+  int ks = 0, cgs = 0;
+  uint32_t bias[RT][2], bias16[RT][2];
+  float zoff[RT][2];
+#pragma unroll
+  for (int r = 0; r < RT; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) set_bias<BITS, T>(0, bias[r][h], bias16[r][h], zoff[r][h]);
+
+  for (int64_t q = 0; q < total; ++q) {
+    const int slot = int(q % NS);
+    cp_async_wait<NS - 2>();
+    __syncthreads();  // stage q landed for every thread; every warp is done with stage q − 1's slot
+    issue(int((q + NS - 1) % NS));
+    const unsigned char* stp = gm_smem + slot * Gg::STAGE;
+    const uint32_t wb = smem0 + slot * Gg::STAGE + wic * 32 * P;
+    uint32_t w[RT][SPS][2];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int sp = 0; sp < SPS / 2; ++sp)
+        ldmatrix_x4(wb + r * 16 * P + sp * 32 + lane_off, w[r][2 * sp][0], w[r][2 * sp][1], w[r][2 * sp + 1][0],
+                    w[r][2 * sp + 1][1]);
+    const uint2* xsm = reinterpret_cast<const uint2*>(stp + Gg::W_BYTES) + (g * 4 + t);
+    const unsigned char* ss = stp + Gg::W_BYTES + Gg::X_BYTES;
+    const uint32_t* zs = reinterpret_cast<const uint32_t*>(stp + Gg::W_BYTES + Gg::X_BYTES + Gg::S_BYTES);
+    const int64_t g0 = cg0;
+#pragma unroll
+    for (int sg = 0; sg < SPS; ++sg) {
+      const bool gstart = GS > 0 ? (sg % GS1 == 0) : (sg == 0 && cgs == 0);
+      const bool gend = GS > 0 ? (sg % GS1 == GS1 - 1) : (sg == SPS - 1 && cgs == spg - 1);
+      const int gi = GS > 0 ? sg / GS1 : 0;
+      if (gstart) {
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int n = 0; n < NT; ++n) cacc[r][n][0] = cacc[r][n][1] = cacc[r][n][2] = cacc[r][n][3] = 0.0f;
+        if constexpr (ASYM) {
+#pragma unroll
+          for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              set_bias<BITS, T>(gemm_zero<BITS>(zs, wic * 32 + r * 16 + h * 8 + g, gi), bias[r][h], bias16[r][h], zoff[r][h]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < KBS; ++j) {
+        const int kb = sg * KBS + j;
+        uint32_t A[RT][4];
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          A[r][0] = dequant_pair<BITS, T>(w[r][sg][0], j, 0, bias[r][0], bias16[r][0], zoff[r][0]);
+          A[r][1] = dequant_pair<BITS, T>(w[r][sg][1], j, 0, bias[r][1], bias16[r][1], zoff[r][1]);
+          A[r][2] = dequant_pair<BITS, T>(w[r][sg][0], j, 1, bias[r][0], bias16[r][0], zoff[r][0]);
+          A[r][3] = dequant_pair<BITS, T>(w[r][sg][1], j, 1, bias[r][1], bias16[r][1], zoff[r][1]);
+        }
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const uint2 B = xsm[(kb * BM + n * 8) * 4];
+#pragma unroll
+          for (int r = 0; r < RT; ++r) mma16816<T>(cacc[r][n], A[r], B.x, B.y);
+        }
+      }
+      if (gend) {  // the group ends: scale its f32 partial sums once
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          const float s0 = gemm_scale<GPS>(a, ss, wic * 32 + r * 16 + g, gi, row0, g0);
+          const float s1 = gemm_scale<GPS>(a, ss, wic * 32 + r * 16 + 8 + g, gi, row0, g0);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            acc[r][n][0] = fmaf(s0, cacc[r][n][0], acc[r][n][0]);
+            acc[r][n][1] = fmaf(s0, cacc[r][n][1], acc[r][n][1]);
+            acc[r][n][2] = fmaf(s1, cacc[r][n][2], acc[r][n][2]);
+            acc[r][n][3] = fmaf(s1, cacc[r][n][3], acc[r][n][3]);
+          }
+        }
+      }
+    }
+    if constexpr (GS == 0) {
+      if (++cgs == spg) { cgs = 0; ++cg0; }
+    } else {
+      cg0 += GPS;
+    }
+    if (++ks == nst) {  // the unit is done: C fragments → out
+      store_tile<RT, NT>(a, acc, row0 + wic * 32, m0, g, t);
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
+      ks = 0;
+      cgs = 0;
+      cg0 = 0;
+      u += gridDim.x;
+      row0 = (u / nmt) * BV;
+      m0 = int(u % nmt) * BM;
+    }
+  }
+  cp_async_wait<0>();  // no copy outlives the kernel (the trailing empty groups)
+}
+
+// ---- v11: the wgmma GEMM (sm_90a, large M) ----------------------------------------------
+//
+// Why. The mma.sync GEMM reads every B fragment from shared memory once per
+// 32 rows (128 bytes per m16n8k16), which caps it near the SM's shared-memory
+// bandwidth long before the tensor cores (ncu, M = 32: tensor pipe 23 %,
+// 2 warps per scheduler, half the cycles with no eligible warp). wgmma lets
+// a warpgroup multiply its 64 rows by up to 128 columns in one instruction,
+// with B read by the tensor cores straight from shared memory.
+//
+// Same bytes, same exactness. The A operand comes from registers: each warp
+// of a warpgroup dequantizes its 16 rows exactly as for mma.sync (the
+// m64nNk16 register fragment of warp w is the m16n8k16 fragment of rows
+// 16w..16w+15). B is the activations, K-major without swizzle: core matrices
+// of 8 columns × 8 k (16 bytes each, 128 contiguous bytes), the two k-halves
+// of a k-block BM·16 bytes apart (LBO) and consecutive column groups 128
+// bytes apart (SBO). permute_x_wg_kernel writes them in that order with the
+// k-slots permuted like the codes, so a stage copies them as it is. Per
+// group the warpgroup's wgmmas start from zero (scale-d = 0) into cacc and
+// the group's scale is applied once to the f32 result (cacc → acc), after
+// wgmma.wait_group: the same arithmetic as the kernels above.
+//
+// CTA: two warpgroups × 64 rows = 128 rows × BN columns (BN = 64 | 128),
+// the stage ring, unit order and persistent grid of the mma.sync GEMM.
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_wait0() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+template <int NT>
+__device__ __forceinline__ void fence_regs(float (&c)[NT][4]) {  // keep the compiler's hands off c across wgmma
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(c[n][e])::"memory");
+}
+
+template <class T>
+__device__ __forceinline__ void wgmma_n64(float (&c)[8][4], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+#endif
+}
+
+template <class T>
+__device__ __forceinline__ void wgmma_n128(float (&c)[16][4], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (std::is_same_v<T, __half>) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]), "+f"(c[8][0]), "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]), "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]), "+f"(c[9][3]), "+f"(c[10][0]), "+f"(c[10][1]), "+f"(c[10][2]), "+f"(c[10][3]), "+f"(c[11][0]), "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]), "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]), "+f"(c[12][3]), "+f"(c[13][0]), "+f"(c[13][1]), "+f"(c[13][2]), "+f"(c[13][3]), "+f"(c[14][0]), "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]), "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]), "+f"(c[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(c[0][0]), "+f"(c[0][1]), "+f"(c[0][2]), "+f"(c[0][3]), "+f"(c[1][0]), "+f"(c[1][1]), "+f"(c[1][2]), "+f"(c[1][3]), "+f"(c[2][0]), "+f"(c[2][1]), "+f"(c[2][2]), "+f"(c[2][3]), "+f"(c[3][0]), "+f"(c[3][1]), "+f"(c[3][2]), "+f"(c[3][3]), "+f"(c[4][0]), "+f"(c[4][1]), "+f"(c[4][2]), "+f"(c[4][3]), "+f"(c[5][0]), "+f"(c[5][1]), "+f"(c[5][2]), "+f"(c[5][3]), "+f"(c[6][0]), "+f"(c[6][1]), "+f"(c[6][2]), "+f"(c[6][3]), "+f"(c[7][0]), "+f"(c[7][1]), "+f"(c[7][2]), "+f"(c[7][3]), "+f"(c[8][0]), "+f"(c[8][1]), "+f"(c[8][2]), "+f"(c[8][3]), "+f"(c[9][0]), "+f"(c[9][1]), "+f"(c[9][2]), "+f"(c[9][3]), "+f"(c[10][0]), "+f"(c[10][1]), "+f"(c[10][2]), "+f"(c[10][3]), "+f"(c[11][0]), "+f"(c[11][1]), "+f"(c[11][2]), "+f"(c[11][3]), "+f"(c[12][0]), "+f"(c[12][1]), "+f"(c[12][2]), "+f"(c[12][3]), "+f"(c[13][0]), "+f"(c[13][1]), "+f"(c[13][2]), "+f"(c[13][3]), "+f"(c[14][0]), "+f"(c[14][1]), "+f"(c[14][2]), "+f"(c[14][3]), "+f"(c[15][0]), "+f"(c[15][1]), "+f"(c[15][2]), "+f"(c[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d));
+  }
+#endif
+}
+
+// Activations → the wgmma B layout: for k-block kb and column m (Mpad columns,
+// tiles of BM), 32 bytes at ((kb·Mpad/BM + m/BM)·2 + kc)·BM·16 + (m % BM)·16
+// + 2·i hold x[m, h] for k-slot kc·8 + i, with h the k-slot's position in the
+// codes (the lane t = i/2 and value e = i%2 + 2·kc of Geometry<BITS, 4>).
+template <int BITS, class T>
+__global__ void permute_x_wg_kernel(const T* __restrict__ x, T* __restrict__ xw, int M, int Mpad, int BM, int H) {
+  using Gm = Geometry<BITS, 4>;
+  const int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // one 16-byte unit
+  if (f >= int64_t(H / 16) * Mpad * 2) return;
+  const int nl = int(f % BM);
+  const int kc = int((f / BM) % 2);
+  const int64_t tile = f / (2 * BM);  // kb·(Mpad/BM) + mt
+  const int nmt = Mpad / BM;
+  const int mt = int(tile % nmt), kb = int(tile / nmt);
+  const int m = mt * BM + nl;
+  const int hword = (kb / Gm::KBC) * Gm::S;
+  union {
+    T v[8];
+    uint4 u;
+  } o;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int tt = i / 2, e = (i % 2) + 2 * kc;
+    o.v[i] = m < M ? x[int64_t(m) * H + hword + tt * Gm::HW + Gm::h_of(kb % Gm::KBC, e)] : Act<T>::from_float(0.0f);
+  }
+  reinterpret_cast<uint4*>(xw)[f] = o.u;
+}
+
+template <int BITS, class T, int BN, int RW, int GS, bool ASYM, int MINB>
+__global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const LogitsArgs a, int Mpad, uint64_t desc_hi) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BV = 128 * RW, BM = BN, NT = BN / 8, NS = gemm_stages<MINB>();
+  using Gg = GemmGeometry<BITS, BV, BM, ASYM, NS>;
+  constexpr int SPS = Gg::SPS, KBS = Gg::KBS, P = Gg::P;
+  constexpr int GPS = GS > 0 ? SPS / GS : 1;
+  constexpr int SEGS = GS > 0 ? GS : SPS;  // segments of one group inside a stage
+  const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wic = tid >> 5;
+  const int nst = int(int64_t(a.H) * BITS / 8 / kGemmC);
+  const int nmt = Mpad / BM;
+  const int64_t units = (a.V + BV - 1) / BV * nmt;
+  const int64_t my_units = blockIdx.x < units ? (units - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+  if (my_units == 0) return;
+  const int64_t total = my_units * nst;
+  const int spg = GS > 0 ? 1 : a.st_spg;
+  extern __shared__ __align__(128) unsigned char wg_smem[];
+  const uint32_t smem0 = smem_u32(wg_smem);
+  const char* xs = static_cast<const char*>(a.x_frag);
+
+  int64_t cu = blockIdx.x;  // the copy side: unit, stage
+  int cks = 0;
+  int64_t issued = 0;
+  GemmCopier<BITS, BV, BM, GS, ASYM> cp;
+  cp.init(a, Mpad, spg);
+  auto issue = [&](int slot) {
+    if (issued < total) {
+      if (cks == 0) cp.start(a, xs, (cu / nmt) * BV, int(cu % nmt) * BM);
+      cp.copy(a, smem0 + slot * Gg::STAGE);
+      if (++cks == nst) { cks = 0; cu += gridDim.x; }
+    }
+    cp_async_commit();
+    ++issued;
+  };
+#pragma unroll
+  for (int d = 0; d < NS - 1; ++d) issue(d);
+
+  // Row tile rw of warp wic: tile rows rw·128 + wic·16 + {g, g+8} (warpgroup wic/4 issues its 64 rows).
+  const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
+  float acc[RW][NT][4], cacc[RW][NT][4];
+#pragma unroll
+  for (int rw = 0; rw < RW; ++rw)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[rw][n][0] = acc[rw][n][1] = acc[rw][n][2] = acc[rw][n][3] = 0.0f;
+  int64_t u = blockIdx.x;  // the compute side: unit, its first row and column, stage; GS == 0: stage in group
+  int64_t row0 = (u / nmt) * BV, cg0 = 0;
+  int m0 = int(u % nmt) * BM;
+  int ks = 0, cgs = 0;
+  uint32_t bias[RW][2], bias16[RW][2];
+  float zoff[RW][2];
+#pragma unroll
+  for (int rw = 0; rw < RW; ++rw)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) set_bias<BITS, T>(0, bias[rw][h], bias16[rw][h], zoff[rw][h]);
+
+  for (int64_t q = 0; q < total; ++q) {
+    const int slot = int(q % NS);
+    cp_async_wait<NS - 2>();
+    __syncthreads();  // stage q landed; every warpgroup's wgmmas on stage q − 1 completed (waited below)
+    issue(int((q + NS - 1) % NS));
+    const unsigned char* stp = wg_smem + slot * Gg::STAGE;
+    uint32_t w[RW][SPS][2];
+#pragma unroll
+    for (int rw = 0; rw < RW; ++rw) {
+      const uint32_t wb = smem0 + slot * Gg::STAGE + (rw * 128 + wic * 16) * P;
+#pragma unroll
+      for (int sp = 0; sp < SPS / 2; ++sp)
+        ldmatrix_x4(wb + sp * 32 + lane_off, w[rw][2 * sp][0], w[rw][2 * sp][1], w[rw][2 * sp + 1][0],
+                    w[rw][2 * sp + 1][1]);
+    }
+    const uint32_t xb = smem0 + slot * Gg::STAGE + Gg::W_BYTES;
+    const unsigned char* ss = stp + Gg::W_BYTES + Gg::X_BYTES;
+    const uint32_t* zs = reinterpret_cast<const uint32_t*>(stp + Gg::W_BYTES + Gg::X_BYTES + Gg::S_BYTES);
+    const int64_t g0 = cg0;
+#pragma unroll
+    for (int gi = 0; gi < GPS; ++gi) {
+      const bool gstart = GS > 0 || cgs == 0;
+      const bool gend = GS > 0 || cgs == spg - 1;
+      if constexpr (ASYM) {
+        if (gstart) {
+#pragma unroll
+          for (int rw = 0; rw < RW; ++rw)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              set_bias<BITS, T>(gemm_zero<BITS>(zs, rw * 128 + wic * 16 + h * 8 + g, gi), bias[rw][h], bias16[rw][h],
+                                zoff[rw][h]);
+        }
+      }
+      uint32_t A[RW][SEGS * KBS][4];
+#pragma unroll
+      for (int rw = 0; rw < RW; ++rw)
+#pragma unroll
+        for (int sl = 0; sl < SEGS; ++sl)
+#pragma unroll
+          for (int j = 0; j < KBS; ++j) {
+            const int sg = gi * SEGS + sl;
+            uint32_t* Ak = A[rw][sl * KBS + j];
+            Ak[0] = dequant_pair<BITS, T>(w[rw][sg][0], j, 0, bias[rw][0], bias16[rw][0], zoff[rw][0]);
+            Ak[1] = dequant_pair<BITS, T>(w[rw][sg][1], j, 0, bias[rw][1], bias16[rw][1], zoff[rw][1]);
+            Ak[2] = dequant_pair<BITS, T>(w[rw][sg][0], j, 1, bias[rw][0], bias16[rw][0], zoff[rw][0]);
+            Ak[3] = dequant_pair<BITS, T>(w[rw][sg][1], j, 1, bias[rw][1], bias16[rw][1], zoff[rw][1]);
+          }
+#pragma unroll
+      for (int rw = 0; rw < RW; ++rw) fence_regs<NT>(cacc[rw]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < SEGS * KBS; ++kk) {
+        const int kb = gi * SEGS * KBS + kk;
+        const uint64_t desc = desc_hi | uint64_t(((xb + kb * BM * 32) & 0x3FFFF) >> 4);
+        const int scale_d = (kk > 0 || !gstart) ? 1 : 0;
+#pragma unroll
+        for (int rw = 0; rw < RW; ++rw) {
+          if constexpr (BN == 128) wgmma_n128<T>(cacc[rw], A[rw][kk], desc, scale_d);
+          else wgmma_n64<T>(cacc[rw], A[rw][kk], desc, scale_d);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait0();  // A registers and the stage free; cacc final for this stage
+#pragma unroll
+      for (int rw = 0; rw < RW; ++rw) fence_regs<NT>(cacc[rw]);
+      if (gend) {
+#pragma unroll
+        for (int rw = 0; rw < RW; ++rw) {
+          const float s0 = gemm_scale<GPS>(a, ss, rw * 128 + wic * 16 + g, gi, row0, g0);
+          const float s1 = gemm_scale<GPS>(a, ss, rw * 128 + wic * 16 + 8 + g, gi, row0, g0);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            acc[rw][n][0] = fmaf(s0, cacc[rw][n][0], acc[rw][n][0]);
+            acc[rw][n][1] = fmaf(s0, cacc[rw][n][1], acc[rw][n][1]);
+            acc[rw][n][2] = fmaf(s1, cacc[rw][n][2], acc[rw][n][2]);
+            acc[rw][n][3] = fmaf(s1, cacc[rw][n][3], acc[rw][n][3]);
+          }
+        }
+      }
+    }
+    if constexpr (GS == 0) {
+      if (++cgs == spg) { cgs = 0; ++cg0; }
+    } else {
+      cg0 += GPS;
+    }
+    if (++ks == nst) {  // the unit is done: accumulators → out
+#pragma unroll
+      for (int rw = 0; rw < RW; ++rw) {
+        float (&acc1)[1][NT][4] = *reinterpret_cast<float (*)[1][NT][4]>(&acc[rw]);
+        store_tile<1, NT>(a, acc1, row0 + rw * 128 + wic * 16, m0, g, t);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) acc[rw][n][0] = acc[rw][n][1] = acc[rw][n][2] = acc[rw][n][3] = 0.0f;
+      }
+      ks = 0;
+      cgs = 0;
+      cg0 = 0;
+      u += gridDim.x;
+      row0 = (u / nmt) * BV;
+      m0 = int(u % nmt) * BM;
+    }
+  }
+  cp_async_wait<0>();
+#endif
+}
+
+// Which GEMM takes M activation rows. QHEAD_CUDA_GEMM=0 turns the GEMMs off,
+// QHEAD_CUDA_GEMM_MIN_M=n moves their threshold, QHEAD_CUDA_WGMMA=0 keeps the
+// mma.sync GEMM on sm_90 too and QHEAD_CUDA_WGMMA_MIN_M=n moves the wgmma
+// threshold (the benchmark compares the kernels in one run; the tests force
+// each at every M).
+constexpr int kGemmMinM = 17;   // below: the GEMV kernels (M = 16: 67 vs 69 us mma.sync, 77 us wgmma)
+constexpr int kWgmmaMinM = 33;  // below: mma.sync (M = 32: 69-70 vs 78-83 us; M = 64: 80-88 vs 100-104 us)
+inline int env_int(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : fallback;
+}
+inline int gemm_min_m() {
+  if (env_int("QHEAD_CUDA_GEMM", 1) == 0) return 1 << 30;
+  return std::max(1, env_int("QHEAD_CUDA_GEMM_MIN_M", kGemmMinM));
+}
+inline bool device_has_wgmma() {
+  static bool v = [] {
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    return major == 9;  // sm_90a code is in the fat binary; later majors run the mma.sync GEMM
+  }();
+  return v;
+}
+inline int wgmma_min_m() {
+  if (!device_has_wgmma() || env_int("QHEAD_CUDA_WGMMA", 1) == 0) return 1 << 30;
+  return std::max(1, env_int("QHEAD_CUDA_WGMMA_MIN_M", kWgmmaMinM));
+}
+
+// x_frag must hold round_up(M, kGemmMaxBM) · H elements.
+constexpr int kGemmMaxBM = 128;
+
+template <int BITS, class T, int NT, int GS, bool ASYM>
+void launch_gemm_cfg(const LogitsArgs& a, cudaStream_t s) {
+  constexpr int BM = 8 * NT, BV = 256, MINB = NT <= 4 ? 2 : 1;
+  using Gg = GemmGeometry<BITS, BV, BM, ASYM, gemm_stages<MINB>()>;
+  auto kernel = logits_gemm_kernel<BITS, T, NT, GS, ASYM, MINB>;
+  static bool attr = [&] {
+    QHEAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Gg::SMEM));
+    return true;
+  }();
+  (void)attr;
+  const int Mpad = (a.M + BM - 1) / BM * BM;
+  const int64_t nfrag = int64_t(a.H / 4) * Mpad;
+  permute_x_kernel<BITS, T, 4><<<static_cast<unsigned>((nfrag + 255) / 256), 256, 0, s>>>(
+      static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, a.H);
+  QHEAD_CUDA_CHECK_LAUNCH("permute_x_kernel");
+  const int64_t units = (a.V + BV - 1) / BV * (Mpad / BM);
+  kernel<<<unsigned(std::min<int64_t>(units, int64_t(sm_count()) * MINB)), kGemmThreads, Gg::SMEM, s>>>(a, Mpad);
+  QHEAD_CUDA_CHECK_LAUNCH("logits_gemm_kernel");
+}
+
+template <int BITS, class T, int BN, int RW, int GS, bool ASYM>
+void launch_wgmma_cfg(const LogitsArgs& a, cudaStream_t s) {
+  constexpr int BV = 128 * RW, MINB = BN * RW <= 64 ? 2 : 1;
+  using Gg = GemmGeometry<BITS, BV, BN, ASYM, gemm_stages<MINB>()>;
+  auto kernel = logits_wgmma_kernel<BITS, T, BN, RW, GS, ASYM, MINB>;
+  static bool attr = [&] {
+    QHEAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Gg::SMEM));
+    return true;
+  }();
+  (void)attr;
+  const int Mpad = (a.M + BN - 1) / BN * BN;
+  const int64_t nunits = int64_t(a.H / 16) * Mpad * 2;
+  permute_x_wg_kernel<BITS, T><<<static_cast<unsigned>((nunits + 255) / 256), 256, 0, s>>>(
+      static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, BN, a.H);
+  QHEAD_CUDA_CHECK_LAUNCH("permute_x_wg_kernel");
+  // B descriptor without the start address: LBO = BN·16 bytes (the k-halves), SBO = 128 bytes, no swizzle.
+  uint64_t lbo = uint64_t(BN * 16) >> 4, sbo = 128 >> 4;
+  if (env_int("QHEAD_WGMMA_DESC_SWAP", 0)) std::swap(lbo, sbo);
+  const uint64_t desc_hi = (lbo << 16) | (sbo << 32);
+  const int64_t units = (a.V + BV - 1) / BV * (Mpad / BN);
+  kernel<<<unsigned(std::min<int64_t>(units, int64_t(sm_count()) * MINB)), kGemmThreads, Gg::SMEM, s>>>(a, Mpad, desc_hi);
+  QHEAD_CUDA_CHECK_LAUNCH("logits_wgmma_kernel");
+}
+
+// A GEMM for this shape (wgmma on sm_90, else mma.sync), or false (the GEMV
+// kernels run then).
+template <int BITS, class T>
+bool launch_gemm(LogitsArgs& a, cudaStream_t s) {
+  if (a.M < gemm_min_m()) return false;
+  const int64_t row_bytes = int64_t(a.H) * BITS / 8;
+  if (row_bytes % kGemmC != 0) return false;
+  const int gbytes = a.group * BITS / 8;
+  if (gbytes % 16 != 0) return false;
+  const int segs = gbytes / 16;
+  const bool asym = a.zp != nullptr;
+  const bool wg = a.M >= wgmma_min_m();
+  auto go = [&](auto gs) {
+    constexpr int GS = decltype(gs)::value;
+    if (wg) {
+      // 128 rows × 64 columns (two CTAs per SM) up to M = 64, 128 × 128 above. Measured
+      // slower on the H200 (docs/performance.md): 256 rows × 64 columns (RW = 2) at M = 64
+      // and 256, and 64-column tiles at M = 256.
+      if (a.M <= 64)
+        return asym ? launch_wgmma_cfg<BITS, T, 64, 1, GS, true>(a, s) : launch_wgmma_cfg<BITS, T, 64, 1, GS, false>(a, s);
+      return asym ? launch_wgmma_cfg<BITS, T, 128, 1, GS, true>(a, s) : launch_wgmma_cfg<BITS, T, 128, 1, GS, false>(a, s);
+    }
+    if (a.M <= 32) return asym ? launch_gemm_cfg<BITS, T, 4, GS, true>(a, s) : launch_gemm_cfg<BITS, T, 4, GS, false>(a, s);
+    return asym ? launch_gemm_cfg<BITS, T, 8, GS, true>(a, s) : launch_gemm_cfg<BITS, T, 8, GS, false>(a, s);
+  };
+  constexpr int SPS = kGemmC / 16;
+  if constexpr (BITS == 4) {
+    if (segs == 1) return go(std::integral_constant<int, 1>()), true;
+  }
+  if (segs == 2) return go(std::integral_constant<int, 2>()), true;
+  if (segs == 4) return go(std::integral_constant<int, 4>()), true;
+  if (segs % SPS != 0) return false;
+  a.st_spg = segs / SPS;
+  return go(std::integral_constant<int, 0>()), true;
+}
+
 // Bytes per lane per chunk for a group of `group` h: the quad's 4·L bytes
 // must lie inside one group and tile it. 0 = no fast path for this shape.
 inline int pick_piece_bytes(int bits, int group) {
@@ -1115,6 +1848,11 @@ bool launch_logits(const LogitsArgs& a, cudaStream_t s) {
   if (a.M <= 8) {
     LogitsArgs b = a;
     if (launch_staged<BITS, T, false>(b, s, nullptr) >= 0) return true;
+  }
+  {
+    LogitsArgs b = a;
+    if (launch_gemm<BITS, T>(b, s)) return true;
+    if (a.gemm_only) return false;
   }
   switch (l) {
     case 16: launch_logits_l<BITS, T, 16>(a, s); return true;

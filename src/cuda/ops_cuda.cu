@@ -574,7 +574,7 @@ bool fused_args(const Table& table, const TensorView& x, LogitsArgs& a) {
   if (bits != 4 && bits != 8) return false;
   const int group = static_cast<int>(p.scheme.group_len(p.hidden));
   if (pick_piece_bytes(bits, group) == 0) return false;
-  const int64_t mpad = (x.size(0) + 7) / 8 * 8;
+  const int64_t mpad = (x.size(0) + kGemmMaxBM - 1) / kGemmMaxBM * kGemmMaxBM;  // the GEMM pads columns to its tile
   a.packed = static_cast<const uint32_t*>(p.packed.data());
   a.scale = p.scale.data();
   a.scale_type = scale_type(p.scheme.scale_dtype);
@@ -592,11 +592,12 @@ bool fused_args(const Table& table, const TensorView& x, LogitsArgs& a) {
 }
 
 // Fused logits into out (ld ldo); returns false when the table/shape has no fast path.
-bool fused_logits(const Table& table, const TensorView& x, float* out, int64_t ldo) {
+bool fused_logits(const Table& table, const TensorView& x, float* out, int64_t ldo, bool gemm_only) {
   LogitsArgs a;
   if (!fused_args(table, x, a)) return false;
   a.out = out;
   a.ldo = ldo;
+  a.gemm_only = gemm_only;
   if (a.M == 0 || a.V == 0) return true;
   cudaStream_t s = current_stream();
   const bool f16 = x.dtype == DType::kF16;
@@ -646,21 +647,21 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out) {
   if (flag) fail("embed", "an id is out of range for a vocab of " + std::to_string(table.vocab()) + " (ids on the GPU)");
 }
 
-// Above this many activation rows the tensor-core path of logits.cuh is
-// slower than dequantize + cuBLAS on the H200 (151936x1024 w4g64, M = 256:
-// 820 us fused vs ~250 us); until the GEMM path is rewritten, larger batches
-// take the fallback. See docs/performance.md.
-constexpr int64_t kFusedMaxM = 64;
+// Above this many activation rows the GEMV kernels of logits.cuh are slower
+// than dequantize + cuBLAS on the H200 (151936x1024 w4g64, M = 256: 820 us vs
+// ~250 us), so kAuto takes the fused path there only when the GEMM kernel
+// takes the shape. See docs/performance.md.
+constexpr int64_t kGemvMaxM = 64;
 
-// Whether `backend` wants the fused kernel for M activation rows.
-bool want_fused(Backend backend, int64_t M) {
+// Fused logits for `backend` (kAuto: no GEMV above kGemvMaxM), or false.
+bool try_fused(const Table& table, const TensorView& x, float* out, int64_t ldo, Backend backend) {
   if (backend == Backend::kFallbackBlas) return false;
-  return backend == Backend::kFused || M <= kFusedMaxM;
+  return fused_logits(table, x, out, ldo, backend == Backend::kAuto && x.size(0) > kGemvMaxM);
 }
 
 void logits(const Table& table, const TensorView& x, const TensorView& out, Backend backend) {
   check_act(x, "logits");
-  if (want_fused(backend, x.size(0)) && fused_logits(table, x, out.ptr<float>(), table.vocab())) return;
+  if (try_fused(table, x, out.ptr<float>(), table.vocab(), backend)) return;
   gemm_fallback(table, x, out.ptr<float>(), table.vocab());
 }
 
@@ -727,7 +728,7 @@ void topk_impl(const Table& table, const TensorView& x, int64_t k, const TensorV
   // Otherwise logits into a workspace; slices of kSlice logits per block
   // select their best k, then the same merge.
   float* l = static_cast<float*>(workspace(kWsLogits, size_t(M * V) * sizeof(float)));
-  if (!want_fused(backend, M) || !fused_logits(table, x, l, V)) gemm_fallback(table, x, l, V);
+  if (!try_fused(table, x, l, V, backend)) gemm_fallback(table, x, l, V);
   const int P = int((V + kSlice - 1) / kSlice);
   char* ws = static_cast<char*>(workspace(kWsTopkCandidates, size_t(M) * P * (size_t(k) + 1) * 8));
   SelectArgs sa;
