@@ -1092,6 +1092,88 @@ struct GemmCopier {
   }
 };
 
+// The schedule both GEMM kernels share: the CTA's units (row tile, column
+// tile) of a persistent grid, column tile fastest; the copy side, NS − 1
+// stages ahead with one commit group per stage; and the compute side's
+// cursor (unit, its first row and column, stage, the stage's first group;
+// GS == 0: the stage's place in its group).
+template <int BITS, int BV, int BM, int GS, bool ASYM, int NS>
+struct GemmStream {
+  using Gg = GemmGeometry<BITS, BV, BM, ASYM, NS>;
+  static constexpr int GPS = GS > 0 ? Gg::SPS / GS : 1;  // groups a stage touches
+  int nst, nmt, spg;
+  int64_t total, issued;
+  int64_t cu;  // copy side: unit, stage
+  int cks;
+  int64_t u, row0, g0;  // compute side
+  int m0, ks, cgs;
+  uint32_t smem0;
+  const char* xs;
+  GemmCopier<BITS, BV, BM, GS, ASYM> cp;
+
+  // Sets up and issues the first NS − 1 stages; false when the CTA has no unit.
+  __device__ __forceinline__ bool init(const LogitsArgs& a, int Mpad, uint32_t smem) {
+    nst = int(int64_t(a.H) * BITS / 8 / kGemmC);
+    nmt = Mpad / BM;
+    spg = GS > 0 ? 1 : a.st_spg;
+    const int64_t units = (a.V + BV - 1) / BV * nmt;
+    const int64_t mine = blockIdx.x < units ? (units - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+    if (mine == 0) return false;
+    total = mine * nst;
+    issued = 0;
+    cu = blockIdx.x;
+    cks = 0;
+    u = blockIdx.x;
+    row0 = (u / nmt) * BV;
+    m0 = int(u % nmt) * BM;
+    g0 = 0;
+    ks = 0;
+    cgs = 0;
+    smem0 = smem;
+    xs = static_cast<const char*>(a.x_frag);
+    cp.init(a, Mpad, spg);
+#pragma unroll
+    for (int d = 0; d < NS - 1; ++d) issue(a, d);
+    return true;
+  }
+  __device__ __forceinline__ void issue(const LogitsArgs& a, int slot) {
+    if (issued < total) {
+      if (cks == 0) cp.start(a, xs, (cu / nmt) * BV, int(cu % nmt) * BM);
+      cp.copy(a, smem0 + slot * Gg::STAGE);
+      if (++cks == nst) { cks = 0; cu += gridDim.x; }
+    }
+    cp_async_commit();
+    ++issued;
+  }
+  // Stage q: waits until it landed for every thread and every warp is done
+  // with stage q − 1 (its slot is refilled here); returns q's slot.
+  __device__ __forceinline__ int begin(const LogitsArgs& a, int64_t q) {
+    cp_async_wait<NS - 2>();
+    __syncthreads();
+    issue(a, int((q + NS - 1) % NS));
+    return int(q % NS);
+  }
+  __device__ __forceinline__ bool group_starts() const { return GS > 0 || cgs == 0; }     // (GS == 0) at this stage
+  __device__ __forceinline__ bool group_ends() const { return GS > 0 || cgs == spg - 1; }  // (GS == 0) in this stage
+  // After a stage's arithmetic: true when the unit is done (the caller stores, then next_unit()).
+  __device__ __forceinline__ bool end_stage() {
+    if constexpr (GS == 0) {
+      if (++cgs == spg) { cgs = 0; ++g0; }
+    } else {
+      g0 += GPS;
+    }
+    return ++ks == nst;
+  }
+  __device__ __forceinline__ void next_unit() {
+    ks = 0;
+    cgs = 0;
+    g0 = 0;
+    u += gridDim.x;
+    row0 = (u / nmt) * BV;
+    m0 = int(u % nmt) * BM;
+  }
+};
+
 // Scale of tile row rl for group gi of the stage (ks: the stage, for a 2-byte unit's half).
 template <int GPS>
 __device__ __forceinline__ float gemm_scale(const LogitsArgs& a, const unsigned char* ss, int rl, int gi, int64_t row0,
@@ -1129,33 +1211,10 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_gemm_kernel(const L
   constexpr int GPS = GS > 0 ? SPS / GS : 1;  // groups a stage touches
   constexpr int GS1 = GS > 0 ? GS : 1;
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wic = tid >> 5;
-  const int nst = int(int64_t(a.H) * BITS / 8 / kGemmC);  // stages per unit
-  const int nmt = Mpad / BM;                               // column tiles
-  const int64_t units = (a.V + BV - 1) / BV * nmt;
-  const int64_t my_units = blockIdx.x < units ? (units - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
-  if (my_units == 0) return;
-  const int64_t total = my_units * nst;
-  const int spg = GS > 0 ? 1 : a.st_spg;
   extern __shared__ __align__(16) unsigned char gm_smem[];
-  const uint32_t smem0 = smem_u32(gm_smem);
-  const char* xs = static_cast<const char*>(a.x_frag);
-
-  int64_t cu = blockIdx.x;  // the copy side: unit, stage
-  int cks = 0;
-  int64_t issued = 0;
-  GemmCopier<BITS, BV, BM, GS, ASYM> cp;
-  cp.init(a, Mpad, spg);
-  auto issue = [&](int slot) {
-    if (issued < total) {
-      if (cks == 0) cp.start(a, xs, (cu / nmt) * BV, int(cu % nmt) * BM);
-      cp.copy(a, smem0 + slot * Gg::STAGE);
-      if (++cks == nst) { cks = 0; cu += gridDim.x; }
-    }
-    cp_async_commit();
-    ++issued;
-  };
-#pragma unroll
-  for (int d = 0; d < NS - 1; ++d) issue(d);
+  GemmStream<BITS, BV, BM, GS, ASYM, NS> st;
+  if (!st.init(a, Mpad, smem_u32(gm_smem))) return;
+  const uint32_t smem0 = st.smem0;
 
   const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
   float acc[RT][NT][4], cacc[RT][NT][4];
@@ -1163,10 +1222,6 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_gemm_kernel(const L
   for (int r = 0; r < RT; ++r)
 #pragma unroll
     for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
-  int64_t u = blockIdx.x;  // the compute side: unit, its first row and column, stage; GS == 0: stage in group
-  int64_t row0 = (u / nmt) * BV, cg0 = 0;  // cg0: the stage's first group
-  int m0 = int(u % nmt) * BM;
-  int ks = 0, cgs = 0;
   uint32_t bias[RT][2], bias16[RT][2];
   float zoff[RT][2];
 #pragma unroll
@@ -1174,11 +1229,8 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_gemm_kernel(const L
 #pragma unroll
     for (int h = 0; h < 2; ++h) set_bias<BITS, T>(0, bias[r][h], bias16[r][h], zoff[r][h]);
 
-  for (int64_t q = 0; q < total; ++q) {
-    const int slot = int(q % NS);
-    cp_async_wait<NS - 2>();
-    __syncthreads();  // stage q landed for every thread; every warp is done with stage q − 1's slot
-    issue(int((q + NS - 1) % NS));
+  for (int64_t q = 0; q < st.total; ++q) {
+    const int slot = st.begin(a, q);
     const unsigned char* stp = gm_smem + slot * Gg::STAGE;
     const uint32_t wb = smem0 + slot * Gg::STAGE + wic * 32 * P;
     uint32_t w[RT][SPS][2];
@@ -1191,11 +1243,11 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_gemm_kernel(const L
     const uint2* xsm = reinterpret_cast<const uint2*>(stp + Gg::W_BYTES) + (g * 4 + t);
     const unsigned char* ss = stp + Gg::W_BYTES + Gg::X_BYTES;
     const uint32_t* zs = reinterpret_cast<const uint32_t*>(stp + Gg::W_BYTES + Gg::X_BYTES + Gg::S_BYTES);
-    const int64_t g0 = cg0;
+    const int64_t row0 = st.row0, g0 = st.g0;
 #pragma unroll
     for (int sg = 0; sg < SPS; ++sg) {
-      const bool gstart = GS > 0 ? (sg % GS1 == 0) : (sg == 0 && cgs == 0);
-      const bool gend = GS > 0 ? (sg % GS1 == GS1 - 1) : (sg == SPS - 1 && cgs == spg - 1);
+      const bool gstart = GS > 0 ? (sg % GS1 == 0) : (sg == 0 && st.group_starts());
+      const bool gend = GS > 0 ? (sg % GS1 == GS1 - 1) : (sg == SPS - 1 && st.group_ends());
       const int gi = GS > 0 ? sg / GS1 : 0;
       if (gstart) {
 #pragma unroll
@@ -1243,23 +1295,13 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_gemm_kernel(const L
         }
       }
     }
-    if constexpr (GS == 0) {
-      if (++cgs == spg) { cgs = 0; ++cg0; }
-    } else {
-      cg0 += GPS;
-    }
-    if (++ks == nst) {  // the unit is done: C fragments → out
-      store_tile<RT, NT>(a, acc, row0 + wic * 32, m0, g, t);
+    if (st.end_stage()) {  // the unit is done: C fragments → out
+      store_tile<RT, NT>(a, acc, row0 + wic * 32, st.m0, g, t);
 #pragma unroll
       for (int r = 0; r < RT; ++r)
 #pragma unroll
         for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
-      ks = 0;
-      cgs = 0;
-      cg0 = 0;
-      u += gridDim.x;
-      row0 = (u / nmt) * BV;
-      m0 = int(u % nmt) * BM;
+      st.next_unit();
     }
   }
   cp_async_wait<0>();  // no copy outlives the kernel (the trailing empty groups)
@@ -1386,33 +1428,10 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
   constexpr int GPS = GS > 0 ? SPS / GS : 1;
   constexpr int SEGS = GS > 0 ? GS : SPS;  // segments of one group inside a stage
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wic = tid >> 5;
-  const int nst = int(int64_t(a.H) * BITS / 8 / kGemmC);
-  const int nmt = Mpad / BM;
-  const int64_t units = (a.V + BV - 1) / BV * nmt;
-  const int64_t my_units = blockIdx.x < units ? (units - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
-  if (my_units == 0) return;
-  const int64_t total = my_units * nst;
-  const int spg = GS > 0 ? 1 : a.st_spg;
   extern __shared__ __align__(128) unsigned char wg_smem[];
-  const uint32_t smem0 = smem_u32(wg_smem);
-  const char* xs = static_cast<const char*>(a.x_frag);
-
-  int64_t cu = blockIdx.x;  // the copy side: unit, stage
-  int cks = 0;
-  int64_t issued = 0;
-  GemmCopier<BITS, BV, BM, GS, ASYM> cp;
-  cp.init(a, Mpad, spg);
-  auto issue = [&](int slot) {
-    if (issued < total) {
-      if (cks == 0) cp.start(a, xs, (cu / nmt) * BV, int(cu % nmt) * BM);
-      cp.copy(a, smem0 + slot * Gg::STAGE);
-      if (++cks == nst) { cks = 0; cu += gridDim.x; }
-    }
-    cp_async_commit();
-    ++issued;
-  };
-#pragma unroll
-  for (int d = 0; d < NS - 1; ++d) issue(d);
+  GemmStream<BITS, BV, BM, GS, ASYM, NS> st;
+  if (!st.init(a, Mpad, smem_u32(wg_smem))) return;
+  const uint32_t smem0 = st.smem0;
 
   // Row tile rw of warp wic: tile rows rw·128 + wic·16 + {g, g+8} (warpgroup wic/4 issues its 64 rows).
   const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
@@ -1421,10 +1440,6 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
   for (int rw = 0; rw < RW; ++rw)
 #pragma unroll
     for (int n = 0; n < NT; ++n) acc[rw][n][0] = acc[rw][n][1] = acc[rw][n][2] = acc[rw][n][3] = 0.0f;
-  int64_t u = blockIdx.x;  // the compute side: unit, its first row and column, stage; GS == 0: stage in group
-  int64_t row0 = (u / nmt) * BV, cg0 = 0;
-  int m0 = int(u % nmt) * BM;
-  int ks = 0, cgs = 0;
   uint32_t bias[RW][2], bias16[RW][2];
   float zoff[RW][2];
 #pragma unroll
@@ -1432,11 +1447,8 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
 #pragma unroll
     for (int h = 0; h < 2; ++h) set_bias<BITS, T>(0, bias[rw][h], bias16[rw][h], zoff[rw][h]);
 
-  for (int64_t q = 0; q < total; ++q) {
-    const int slot = int(q % NS);
-    cp_async_wait<NS - 2>();
-    __syncthreads();  // stage q landed; every warpgroup's wgmmas on stage q − 1 completed (waited below)
-    issue(int((q + NS - 1) % NS));
+  for (int64_t q = 0; q < st.total; ++q) {
+    const int slot = st.begin(a, q);  // every warpgroup's wgmmas on stage q − 1 completed (waited below)
     const unsigned char* stp = wg_smem + slot * Gg::STAGE;
     uint32_t w[RW][SPS][2];
 #pragma unroll
@@ -1450,11 +1462,11 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
     const uint32_t xb = smem0 + slot * Gg::STAGE + Gg::W_BYTES;
     const unsigned char* ss = stp + Gg::W_BYTES + Gg::X_BYTES;
     const uint32_t* zs = reinterpret_cast<const uint32_t*>(stp + Gg::W_BYTES + Gg::X_BYTES + Gg::S_BYTES);
-    const int64_t g0 = cg0;
+    const int64_t row0 = st.row0, g0 = st.g0;
 #pragma unroll
     for (int gi = 0; gi < GPS; ++gi) {
-      const bool gstart = GS > 0 || cgs == 0;
-      const bool gend = GS > 0 || cgs == spg - 1;
+      const bool gstart = st.group_starts();
+      const bool gend = st.group_ends();
       if constexpr (ASYM) {
         if (gstart) {
 #pragma unroll
@@ -1512,25 +1524,15 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
         }
       }
     }
-    if constexpr (GS == 0) {
-      if (++cgs == spg) { cgs = 0; ++cg0; }
-    } else {
-      cg0 += GPS;
-    }
-    if (++ks == nst) {  // the unit is done: accumulators → out
+    if (st.end_stage()) {  // the unit is done: accumulators → out
 #pragma unroll
       for (int rw = 0; rw < RW; ++rw) {
         float (&acc1)[1][NT][4] = *reinterpret_cast<float (*)[1][NT][4]>(&acc[rw]);
-        store_tile<1, NT>(a, acc1, row0 + rw * 128 + wic * 16, m0, g, t);
+        store_tile<1, NT>(a, acc1, row0 + rw * 128 + wic * 16, st.m0, g, t);
 #pragma unroll
         for (int n = 0; n < NT; ++n) acc[rw][n][0] = acc[rw][n][1] = acc[rw][n][2] = acc[rw][n][3] = 0.0f;
       }
-      ks = 0;
-      cgs = 0;
-      cg0 = 0;
-      u += gridDim.x;
-      row0 = (u / nmt) * BV;
-      m0 = int(u % nmt) * BM;
+      st.next_unit();
     }
   }
   cp_async_wait<0>();
