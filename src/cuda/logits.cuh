@@ -1199,6 +1199,22 @@ __device__ __forceinline__ void set_bias(int z, uint32_t& bias, uint32_t& bias16
   zoff = 8388608.0f + float(1 << (BITS - 1)) + float(z);
 }
 
+// Zeroed accumulators / the symmetric (q − z) subtrahends of R row tiles.
+template <int R, int NT>
+__device__ __forceinline__ void zero_acc(float (&c)[R][NT][4]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) c[r][n][0] = c[r][n][1] = c[r][n][2] = c[r][n][3] = 0.0f;
+}
+template <int BITS, class T, int R>
+__device__ __forceinline__ void init_bias(uint32_t (&bias)[R][2], uint32_t (&bias16)[R][2], float (&zoff)[R][2]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) set_bias<BITS, T>(0, bias[r][h], bias16[r][h], zoff[r][h]);
+}
+
 // mma.sync GEMM: warp = 32 rows (two m16 tiles) × all BM = 8·NT columns; 8 warps = 256 rows.
 // MINB CTAs per SM (2: ≤ 128 registers, a 3-stage ring), NS stages.
 template <int MINB> constexpr int gemm_stages() { return MINB == 2 ? 3 : kGemmNS; }
@@ -1218,16 +1234,10 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_gemm_kernel(const L
 
   const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
   float acc[RT][NT][4], cacc[RT][NT][4];
-#pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
+  zero_acc(acc);
   uint32_t bias[RT][2], bias16[RT][2];
   float zoff[RT][2];
-#pragma unroll
-  for (int r = 0; r < RT; ++r)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) set_bias<BITS, T>(0, bias[r][h], bias16[r][h], zoff[r][h]);
+  init_bias<BITS, T>(bias, bias16, zoff);
 
   for (int64_t q = 0; q < st.total; ++q) {
     const int slot = st.begin(a, q);
@@ -1250,10 +1260,7 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_gemm_kernel(const L
       const bool gend = GS > 0 ? (sg % GS1 == GS1 - 1) : (sg == SPS - 1 && st.group_ends());
       const int gi = GS > 0 ? sg / GS1 : 0;
       if (gstart) {
-#pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-          for (int n = 0; n < NT; ++n) cacc[r][n][0] = cacc[r][n][1] = cacc[r][n][2] = cacc[r][n][3] = 0.0f;
+        zero_acc(cacc);
         if constexpr (ASYM) {
 #pragma unroll
           for (int r = 0; r < RT; ++r)
@@ -1297,10 +1304,7 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_gemm_kernel(const L
     }
     if (st.end_stage()) {  // the unit is done: C fragments → out
       store_tile<RT, NT>(a, acc, row0 + wic * 32, st.m0, g, t);
-#pragma unroll
-      for (int r = 0; r < RT; ++r)
-#pragma unroll
-        for (int n = 0; n < NT; ++n) acc[r][n][0] = acc[r][n][1] = acc[r][n][2] = acc[r][n][3] = 0.0f;
+      zero_acc(acc);
       st.next_unit();
     }
   }
@@ -1436,16 +1440,10 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
   // Row tile rw of warp wic: tile rows rw·128 + wic·16 + {g, g+8} (warpgroup wic/4 issues its 64 rows).
   const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
   float acc[RW][NT][4], cacc[RW][NT][4];
-#pragma unroll
-  for (int rw = 0; rw < RW; ++rw)
-#pragma unroll
-    for (int n = 0; n < NT; ++n) acc[rw][n][0] = acc[rw][n][1] = acc[rw][n][2] = acc[rw][n][3] = 0.0f;
+  zero_acc(acc);
   uint32_t bias[RW][2], bias16[RW][2];
   float zoff[RW][2];
-#pragma unroll
-  for (int rw = 0; rw < RW; ++rw)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) set_bias<BITS, T>(0, bias[rw][h], bias16[rw][h], zoff[rw][h]);
+  init_bias<BITS, T>(bias, bias16, zoff);
 
   for (int64_t q = 0; q < st.total; ++q) {
     const int slot = st.begin(a, q);  // every warpgroup's wgmmas on stage q − 1 completed (waited below)
