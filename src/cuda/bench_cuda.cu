@@ -7,7 +7,9 @@
 //   matrix  cuBLAS dense f16 GEMM rate on a large square product
 // Paths: dense (cuBLAS f16 GEMM on the unquantized f16 table), fallback
 // (dequantize + cuBLAS), fused (our kernel), fused_v7 (M <= 8: the
-// register-ring kernel the staged one replaces), fused_topk (qhead::topk
+// register-ring kernel the staged one replaces), fused_gemv / fused_mma /
+// fused_wgmma (M >= 9: each fused kernel family forced, logits.cuh's
+// environment switches), fused_topk (qhead::topk
 // kFused, k = 50, + lse: the fused epilogue where it applies),
 // logits_then_topk (kAuto logits into memory, then the separate top-k: what
 // topk's kAuto runs).
