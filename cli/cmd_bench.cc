@@ -36,17 +36,6 @@ int64_t parse_positive(const std::string& s, const std::string& what) {
   return v;
 }
 
-nlohmann::json to_json(const bench::BenchRow& r) {
-  nlohmann::json j = {{"shape", r.shape},   {"scheme", r.scheme},       {"m", r.m},
-                      {"path", r.path},     {"us_median", r.us_median}, {"gbps", r.gbps},
-                      {"bw_fraction", r.bw_fraction}, {"speedup_vs_dense", r.speedup_vs_dense}};
-  if (r.read_ceiling_fraction) j["read_ceiling_fraction"] = *r.read_ceiling_fraction;
-  if (r.matrix_fraction) j["matrix_fraction"] = *r.matrix_fraction;
-  if (r.max_abs_err) j["max_abs_err"] = *r.max_abs_err;
-  if (r.max_abs_logit) j["max_abs_logit"] = *r.max_abs_logit;
-  if (!r.note.empty()) j["note"] = r.note;
-  return j;
-}
 
 void print_markdown(const bench::BenchConfig& cfg, const std::vector<bench::BenchRow>& rows) {
   std::vector<std::string> paths;  // columns, in order of first appearance
@@ -125,6 +114,18 @@ void print_markdown(const bench::BenchConfig& cfg, const std::vector<bench::Benc
 
 }  // namespace
 
+nlohmann::json bench_row_json(const bench::BenchRow& r) {
+  nlohmann::json j = {{"shape", r.shape},   {"scheme", r.scheme},       {"m", r.m},
+                      {"path", r.path},     {"us_median", r.us_median}, {"gbps", r.gbps},
+                      {"bw_fraction", r.bw_fraction}, {"speedup_vs_dense", r.speedup_vs_dense}};
+  if (r.read_ceiling_fraction) j["read_ceiling_fraction"] = *r.read_ceiling_fraction;
+  if (r.matrix_fraction) j["matrix_fraction"] = *r.matrix_fraction;
+  if (r.max_abs_err) j["max_abs_err"] = *r.max_abs_err;
+  if (r.max_abs_logit) j["max_abs_logit"] = *r.max_abs_logit;
+  if (!r.note.empty()) j["note"] = r.note;
+  return j;
+}
+
 int run_bench(const BenchArgs& a) {
   bench::BenchConfig cfg;
   cfg.device = a.device;
@@ -172,7 +173,7 @@ int run_bench(const BenchArgs& a) {
     bad("--device must be cpu or cuda, got '" + a.device + "'");
   if (a.json) {
     nlohmann::json arr = nlohmann::json::array();
-    for (const auto& r : rows) arr.push_back(to_json(r));
+    for (const auto& r : rows) arr.push_back(bench_row_json(r));
     fmt::print("{}\n", arr.dump(2));
   } else {
     print_markdown(cfg, rows);

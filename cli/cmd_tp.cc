@@ -70,15 +70,6 @@ int report(const std::vector<int>& status) {
   return rc;
 }
 
-nlohmann::json to_json(const bench::BenchRow& r) {
-  nlohmann::json j = {{"shape", r.shape},   {"scheme", r.scheme},       {"m", r.m},
-                      {"path", r.path},     {"us_median", r.us_median}, {"gbps", r.gbps},
-                      {"bw_fraction", r.bw_fraction}, {"speedup_vs_dense", r.speedup_vs_dense}};
-  if (r.read_ceiling_fraction) j["read_ceiling_fraction"] = *r.read_ceiling_fraction;
-  if (r.matrix_fraction) j["matrix_fraction"] = *r.matrix_fraction;
-  if (!r.note.empty()) j["note"] = r.note;
-  return j;
-}
 
 void print_markdown(int tp, int64_t k, const std::vector<bench::BenchRow>& rows) {
   for (const auto& r : rows)
@@ -171,7 +162,7 @@ int run_bench_tp(const BenchArgs& a) {
   if (comm.rank() != 0) return 0;
   if (a.json) {
     nlohmann::json arr = nlohmann::json::array();
-    for (const auto& r : rows) arr.push_back(to_json(r));
+    for (const auto& r : rows) arr.push_back(bench_row_json(r));
     fmt::print("{}\n", arr.dump(2));
   } else {
     print_markdown(a.tp, cfg.k, rows);

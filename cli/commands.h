@@ -8,6 +8,10 @@
 #include <string>
 #include <vector>
 
+namespace qhead::bench {
+struct BenchRow;
+}
+
 namespace qhead::cli {
 
 struct InspectArgs {
@@ -83,5 +87,7 @@ int run_tp(const TpRunArgs& a);
 std::string human_bytes(double bytes);
 // The non-empty pieces of s between separators (list flags: --m 1,8 --shape A,B).
 std::vector<std::string> split(const std::string& s, char sep);
+// One benchmark row as the stable `--json` object (`qhead bench`, `qhead bench --tp`).
+nlohmann::json bench_row_json(const bench::BenchRow& r);
 
 }  // namespace qhead::cli

@@ -14,34 +14,19 @@
 
 #include "qhead/safetensors.h"
 #include "qhead/table.h"
+#include "test_util.h"
 
 namespace qhead {
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int status;
-  std::string out;  // stdout
-  std::string err;  // stderr
-};
+using test::CliRun;
 
 CliRun run(const std::string& args) {
   const fs::path dir = fs::temp_directory_path() / ("qhead_cli_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  const std::string errf = (dir / "stderr.txt").string();
-  const std::string cmd = std::string(QHEAD_CLI_PATH) + " " + args + " 2>" + errf;
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  FILE* e = std::fopen(errf.c_str(), "r");
-  while (e && (n = std::fread(buf.data(), 1, buf.size(), e)) > 0) r.err.append(buf.data(), n);
-  if (e) std::fclose(e);
-  return r;
+  return test::run_cli(args, dir);
 }
 
 std::string fixture(const std::string& name) { return std::string(QHEAD_FIXTURE_DIR) + "/ct/" + name + ".safetensors"; }

@@ -165,15 +165,17 @@ TEST(CpuKernels, LogitsSweepSmallShapes) {
   EXPECT_GT(n, 0);
 }
 
+// A sampled large-vocabulary case (the LogitsLargeVocabSampled tests).
+struct Big {
+  int bits, group;
+  bool sym;
+  DType scale, x;
+  int64_t m;
+};
+
 // V = 50257 (a partial last block and row tile), H = 1024, M = 1, 17, 256, a
 // subset of schemes; sampled rows.
 TEST(CpuKernels, LogitsLargeVocabSampled) {
-  struct Big {
-    int bits, group;
-    bool sym;
-    DType scale, x;
-    int64_t m;
-  };
   const std::vector<Big> big = {
       {4, 64, true, DType::kF16, DType::kF32, 1},    {4, 128, false, DType::kBF16, DType::kBF16, 17},
       {8, 128, true, DType::kBF16, DType::kF16, 1},  {8, -1, false, DType::kF32, DType::kF32, 17},
@@ -586,12 +588,6 @@ TEST(CpuKernelsInt8, LogitsSweepSmallShapes) {
 TEST(CpuKernelsInt8, LogitsLargeVocabSampled) {
   const auto isas = int8_isas();
   if (isas.empty()) GTEST_SKIP() << "no CPU path with VNNI here";
-  struct Big {
-    int bits, group;
-    bool sym;
-    DType scale, x;
-    int64_t m;
-  };
   const std::vector<Big> big = {
       {4, 64, true, DType::kBF16, DType::kF32, 1},  {4, 128, false, DType::kF16, DType::kBF16, 17},
       {8, 128, true, DType::kBF16, DType::kF32, 1}, {8, -1, false, DType::kF32, DType::kF16, 17},

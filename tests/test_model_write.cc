@@ -695,24 +695,8 @@ TEST_F(ModelWrite, QuantizeProgressReachesTheTotal) {
 
 // ---- the CLI's model mode -------------------------------------------------------------------
 
-struct CliRun {
-  int status;
-  std::string out, err;
-};
-
-CliRun run_cli(const std::string& args, const fs::path& scratch) {
-  const std::string errf = (scratch / "stderr.txt").string();
-  const std::string cmd = std::string(QHEAD_CLI_PATH) + " " + args + " 2>" + errf;
-  CliRun r;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
-  const int st = ::pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  r.err = slurp(errf);
-  return r;
-}
+using test::CliRun;
+using test::run_cli;
 
 TEST_F(ModelWrite, CliModelMode) {
   const std::string in = make_dense("in", {.tied = true});

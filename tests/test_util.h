@@ -9,9 +9,14 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <limits>
 #include <random>
@@ -225,6 +230,31 @@ inline std::string expect_error(const std::function<void()>& fn, ErrorCode code)
   }
   ADD_FAILURE() << "did not throw";
   return "";
+}
+
+// The qhead command-line tool (QHEAD_CLI_PATH, a compile definition of the
+// test target) run with `args` through the shell: exit status, stdout, and
+// stderr (through a file in `scratch`, which must exist).
+struct CliRun {
+  int status = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+inline CliRun run_cli(const std::string& args, const std::filesystem::path& scratch) {
+  const std::string errf = (scratch / "stderr.txt").string();
+  const std::string cmd = std::string(QHEAD_CLI_PATH) + " " + args + " 2>" + errf;
+  CliRun r;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  FILE* e = std::fopen(errf.c_str(), "r");
+  while (e && (n = std::fread(buf.data(), 1, buf.size(), e)) > 0) r.err.append(buf.data(), n);
+  if (e) std::fclose(e);
+  return r;
 }
 
 }  // namespace qhead::test
