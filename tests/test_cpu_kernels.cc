@@ -61,15 +61,6 @@ std::vector<CpuIsa> fast_isas() {
   return out;
 }
 
-QuantScheme scheme_of(int bits, int group, bool sym, DType scale_dtype) {
-  QuantScheme s;
-  s.bits = bits;
-  s.group_size = group;
-  s.symmetric = sym;
-  s.scale_dtype = scale_dtype;
-  return s;
-}
-
 // Rows of the table dequantized as the library contract says, rounded once
 // to f32 (the operands the kernels must use).
 std::vector<float> dequant_rows_f32(const PackedTable& p, const std::vector<int64_t>& rows) {
@@ -147,7 +138,7 @@ TEST(CpuKernels, LogitsSweepSmallShapes) {
           for (DType xt : {DType::kF32, DType::kF16, DType::kBF16})
             for (const Case& c : cases) {
               if (group > 0 && c.h % group != 0) continue;
-              const QuantScheme s = scheme_of(bits, group, sym, scale_dtypes[n % 3]);
+              const QuantScheme s = make_scheme(bits, group, sym, scale_dtypes[n % 3]);
               ++n;
               const PackedTable p = random_packed(c.v, c.h, s, 1000 + static_cast<uint64_t>(n));
               const Table t = Table::packed(p);
@@ -185,7 +176,7 @@ TEST(CpuKernels, LogitsLargeVocabSampled) {
   int n = 0;
   for (const Big& b : big) {
     const int64_t v = n == 0 ? 50257 : big_v(50257);
-    const QuantScheme s = scheme_of(b.bits, b.group, b.sym, b.scale);
+    const QuantScheme s = make_scheme(b.bits, b.group, b.sym, b.scale);
     const PackedTable p = random_packed(v, h, s, 77 + static_cast<uint64_t>(n));
     const Table t = Table::packed(p);
     const Tensor x = random_tensor(b.x, b.m, h, 99 + static_cast<uint64_t>(n++));
@@ -205,7 +196,7 @@ TEST(CpuKernels, LogitsLargeVocabSampled) {
 // 1, 2 and 3 threads compute every logit identically (each (row, m) result
 // depends only on the ISA), and top-k with them.
 TEST(CpuKernels, ThreadCountsGiveIdenticalResults) {
-  const QuantScheme s = scheme_of(4, 64, false, DType::kF16);
+  const QuantScheme s = make_scheme(4, 64, false, DType::kF16);
   const int64_t v = 50257, h = 64, m = 3, k = 50;
   const Table t = Table::packed(random_packed(v, h, s, 5));
   const Tensor x = random_tensor(DType::kF32, m, h, 6);
@@ -256,7 +247,7 @@ TEST(CpuKernels, TopkMatchesFusedLogitsAndOracleLse) {
   };
   int n = 0;
   for (TkCase c : cases) {
-    const QuantScheme s = scheme_of(c.bits, c.group, c.sym, n % 2 ? DType::kBF16 : DType::kF16);
+    const QuantScheme s = make_scheme(c.bits, c.group, c.sym, n % 2 ? DType::kBF16 : DType::kF16);
     c.v = big_v(c.v);
     const PackedTable p = random_packed(c.v, c.h, s, 300 + static_cast<uint64_t>(n));
     const Table t = Table::packed(p);
@@ -317,7 +308,7 @@ TEST(CpuKernels, TopkTiesLowerIdFirst) {
   for (int64_t r : dup) std::copy(d + dup[0] * h, d + dup[0] * h + h, d + r * h);
   for (bool sym : {true, false}) {
     const Table t = quantize_table(Table::dense(Tensor::copy_of(dense.view())),
-                                   scheme_of(4, 32, sym, DType::kF16));
+                                   make_scheme(4, 32, sym, DType::kF16));
     Tensor x = Tensor::empty(DType::kF32, {2, h});
     for (int64_t j = 0; j < 2 * h; ++j) x.ptr<float>()[j] = 1.0f;
     TopK want;
@@ -348,7 +339,7 @@ TEST(CpuKernels, EmbedMatchesReferenceExactly) {
   for (int bits : {4, 8})
     for (int group : {32, 128, -1})
       for (bool sym : {true, false}) {
-        const QuantScheme s = scheme_of(bits, group, sym, n % 3 == 0 ? DType::kF32 : n % 3 == 1 ? DType::kF16 : DType::kBF16);
+        const QuantScheme s = make_scheme(bits, group, sym, n % 3 == 0 ? DType::kF32 : n % 3 == 1 ? DType::kF16 : DType::kBF16);
         const int64_t v = 301, h = 256;
         const Table t = Table::packed(random_packed(v, h, s, 50 + static_cast<uint64_t>(n++)));
         Tensor ids = Tensor::empty(DType::kI64, {300});
@@ -406,16 +397,16 @@ TEST(CpuKernels, RescoreWithinBoundAndSorted) {
 TEST(CpuKernels, DeclinedCasesFallBackToReference) {
   const Tensor x = random_tensor(DType::kF32, 2, 96, 1);
   Tensor out = Tensor::empty(DType::kF32, {2, 5});
-  const Table w3 = Table::packed(random_packed(5, 96, scheme_of(3, 32, true, DType::kF16), 2));
+  const Table w3 = Table::packed(random_packed(5, 96, make_scheme(3, 32, true, DType::kF16), 2));
   EXPECT_FALSE(cpu::logits(w3, x.view(), out.view()));
   const Tensor x48 = random_tensor(DType::kF32, 2, 48, 1);
-  const Table w4_48 = Table::packed(random_packed(5, 48, scheme_of(4, -1, true, DType::kF16), 3));
+  const Table w4_48 = Table::packed(random_packed(5, 48, make_scheme(4, -1, true, DType::kF16), 3));
   EXPECT_FALSE(cpu::logits(w4_48, x48.view(), out.view()));
   const Table dense = Table::dense(random_tensor(DType::kF32, 5, 96, 4));
   EXPECT_FALSE(cpu::logits(dense, x.view(), out.view()));
   {
     CpuGuard g(CpuIsa::kReference);
-    const Table w4 = Table::packed(random_packed(5, 96, scheme_of(4, 32, true, DType::kF16), 5));
+    const Table w4 = Table::packed(random_packed(5, 96, make_scheme(4, 32, true, DType::kF16), 5));
     EXPECT_FALSE(cpu::logits(w4, x.view(), out.view()));
   }
   // Through the public op (kAuto), the 3-bit table still gives oracle-exact results.
@@ -527,7 +518,7 @@ TEST(CpuKernelsInt8, DefaultIsExactAndSwitchIsProcessWide) {
   for (CpuIsa i : int8_isas()) std::printf("%s ", cpu_isa_name(i));
   std::printf("\n");
   // Where the active path has no VNNI, kInt8 runs the exact kernels: same bits.
-  const QuantScheme s = scheme_of(4, 32, true, DType::kF16);
+  const QuantScheme s = make_scheme(4, 32, true, DType::kF16);
   const Table t = Table::packed(random_packed(67, 64, s, 3));
   const Tensor x = random_tensor(DType::kF32, 3, 64, 4);
   for (CpuIsa isa : fast_isas()) {
@@ -558,7 +549,7 @@ TEST(CpuKernelsInt8, LogitsSweepSmallShapes) {
           for (DType xt : {DType::kF32, DType::kF16, DType::kBF16})
             for (const Case& c : cases) {
               if (group > 0 && c.h % group != 0) continue;
-              const QuantScheme s = scheme_of(bits, group, sym, scale_dtypes[n % 3]);
+              const QuantScheme s = make_scheme(bits, group, sym, scale_dtypes[n % 3]);
               ++n;
               const PackedTable p = random_packed(c.v, c.h, s, 2000 + static_cast<uint64_t>(n));
               const Table t = Table::packed(p);
@@ -597,7 +588,7 @@ TEST(CpuKernelsInt8, LogitsLargeVocabSampled) {
   int n = 0;
   for (const Big& b : big) {
     const int64_t v = n == 0 ? 50257 : big_v(50257);
-    const QuantScheme s = scheme_of(b.bits, b.group, b.sym, b.scale);
+    const QuantScheme s = make_scheme(b.bits, b.group, b.sym, b.scale);
     const PackedTable p = random_packed(v, h, s, 177 + static_cast<uint64_t>(n));
     const Table t = Table::packed(p);
     const Tensor x = random_tensor(b.x, b.m, h, 199 + static_cast<uint64_t>(n++));
@@ -646,7 +637,7 @@ TEST(CpuKernelsInt8, ZeroAndSpreadBlocks) {
     for (int bits : {4, 8})
       for (bool sym : {true, false}) {
         CpuGuard g(isa);
-        const QuantScheme s = scheme_of(bits, 64, sym, DType::kBF16);
+        const QuantScheme s = make_scheme(bits, 64, sym, DType::kBF16);
         const PackedTable p = random_packed(v, h, s, 9);
         const Table t = Table::packed(p);
         Tensor exact = Tensor::empty(DType::kF32, {m, v}), out = Tensor::empty(DType::kF32, {m, v});
@@ -669,7 +660,7 @@ TEST(CpuKernelsInt8, ThreadCountsAndTopkConsistent) {
   if (isas.empty()) GTEST_SKIP() << "no CPU path with VNNI here";
   const int64_t v = big_v(50257), h = 128, m = 3, k = 50;
   for (bool sym : {true, false}) {
-    const QuantScheme s = scheme_of(4, 64, sym, DType::kF16);
+    const QuantScheme s = make_scheme(4, 64, sym, DType::kF16);
     const Table t = Table::packed(random_packed(v, h, s, 55));
     const Tensor x = random_tensor(DType::kBF16, m, h, 56);
     for (CpuIsa isa : isas) {

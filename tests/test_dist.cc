@@ -35,15 +35,6 @@ namespace {
 
 using namespace qhead::test;
 
-QuantScheme make_scheme(int bits, int group, bool sym, DType scale = DType::kF16) {
-  QuantScheme s;
-  s.bits = bits;
-  s.group_size = group;
-  s.symmetric = sym;
-  s.scale_dtype = scale;
-  return s;
-}
-
 // A random permutation of 0..h-1 as an I32 tensor.
 Tensor random_perm(int64_t h, uint64_t seed) {
   std::vector<int32_t> p(static_cast<size_t>(h));

@@ -232,6 +232,11 @@ inline std::string expect_error(const std::function<void()>& fn, ErrorCode code)
   return "";
 }
 
+// A scheme from its four fields (the tests' shorthand).
+inline QuantScheme make_scheme(int bits, int group, bool sym, DType scale = DType::kF16) {
+  return QuantScheme{bits, group, sym, scale};
+}
+
 // The qhead command-line tool (QHEAD_CLI_PATH, a compile definition of the
 // test target) run with `args` through the shell: exit status, stdout, and
 // stderr (through a file in `scratch`, which must exist).
