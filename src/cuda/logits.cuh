@@ -648,9 +648,22 @@ __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
 // tile's block lands while this one is read (needs nst >= NS, checked by the
 // launcher). Rows past V are zero-filled (cp.async's src-size), never read.
 //
-//   BITS 4|8 · T · C bytes per row per stage (32|64) · RT row tiles per warp ·
+// The activations. Each CTA first writes x in B-fragment order into shared
+// memory (staged_x_bytes: one padded region per column, then a zero block
+// that the lanes of columns >= M read, so B loads carry no predicates), each
+// lane's two k-blocks as one 16-byte load at a constant offset per stage.
+//
+// Stage size (v12, session 4). With 64-byte stages a warp reads 16·RT
+// separate 64-byte pieces per stage; a pure copy with that pattern reached
+// only ~2.5 TB/s on the H200 (half cache lines per row and stage), with
+// 128-byte pieces ~3.7 TB/s. So rows take 128-byte stages where their length
+// allows, 64-byte ones otherwise (launch_staged).
+//
+//   BITS 4|8 · T · C bytes per row per stage (64|128) · RT row tiles per warp ·
 //   NS stages · GS 16-byte segments per group when a group fits a stage (1, 2,
-//   4), 0 when a group spans stages (a.st_spg stages) · ASYM · TOPK.
+//   4), 0 when a group spans stages (a.st_spg stages) · ASYM · TOPK · CH
+//   accumulator chains per group (1|2: the two k-blocks of a segment alternate,
+//   halving the dependent MMA chain) · NW warps per CTA.
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -670,7 +683,15 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t& r0, uint32_
 }
 
 // Bytes of the activations in B-fragment order (M columns, 16-byte aligned).
-__host__ __device__ inline int staged_x_bytes(int H, int M) { return (2 * H * M + 15) / 16 * 16; }
+// Layout: per column m a 2H + 64-byte region (the pad puts consecutive columns
+// half a bank row apart: a quarter-warp's 16-byte loads never conflict); in it
+// lane t's fragments for k-blocks 2i and 2i+1 are the 16 bytes at (4i + t)·16.
+// Then a zero block that lanes of columns >= M read instead (no predicates).
+template <int BITS, int C>
+__host__ __device__ constexpr int staged_zero_bytes() { return (C / 16) * (BITS == 4 ? 2 : 1) * 32; }
+__host__ __device__ inline int staged_col_bytes(int H) { return 2 * H + 64; }
+template <int BITS, int C>
+__host__ __device__ inline int staged_x_bytes(int H, int M) { return M * staged_col_bytes(H) + staged_zero_bytes<BITS, C>(); }
 
 // Bytes of shared memory one warp of the staged kernel uses.
 template <int BITS, int C, int RT, int NS, bool ASYM>
@@ -680,9 +701,9 @@ __host__ __device__ inline int staged_warp_bytes(int groups, int sbytes) {
   return NS * 16 * RT * (C + 16) + 2 * sblk + 2 * zblk;
 }
 
-template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK>
-__global__ void __launch_bounds__(128) logits_staged_kernel(const LogitsArgs a) {
-  constexpr int kWarps = 4;
+template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK, int CH, int NW>
+__global__ void __launch_bounds__(NW * 32) logits_staged_kernel(const LogitsArgs a) {
+  constexpr int kWarps = NW;
   constexpr int SPS = C / 16;          // 16-byte segments per row per stage
   constexpr int P = C + 16;            // shared row pitch (bytes)
   constexpr int ROWS = 16 * RT;        // rows per warp tile
@@ -708,17 +729,18 @@ __global__ void __launch_bounds__(128) logits_staged_kernel(const LogitsArgs a) 
   // Shared memory: the activations in B-fragment order (built here: no
   // permute launch), then each warp's region, then the top-k pools.
   extern __shared__ __align__(16) unsigned char st_smem[];
-  const int xs = staged_x_bytes(a.H, a.M);
+  const int xs = staged_x_bytes<BITS, C>(a.H, a.M);
   const int wbytes = staged_warp_bytes<BITS, C, RT, NS, ASYM>(a.groups, sbytes);
-  uint2* bsm = reinterpret_cast<uint2*>(st_smem);
+  unsigned char* bsm = st_smem;
   unsigned char* wsm = st_smem + xs + wic * wbytes;
   {
-    // bsm[(kb·M + m)·4 + t] = the 4 values lane (g = m, t) feeds k-block kb (see permute_x_kernel, L = 4).
+    // Column m, k-block kb, lane t: the 4 values lane (g = m, t) feeds k-block kb (see permute_x_kernel, L = 4).
     using Gm = Geometry<BITS, 4>;
     const T* x = static_cast<const T*>(a.x);
-    const int nf = (a.H / 16) * a.M * 4;
+    const int kbs = a.H / 16, colb = staged_col_bytes(a.H);
+    const int nf = kbs * a.M * 4;
     for (int f = threadIdx.x; f < nf; f += blockDim.x) {
-      const int tt = f & 3, m = (f >> 2) % a.M, kb = (f >> 2) / a.M;
+      const int tt = f & 3, kb = (f >> 2) % kbs, m = (f >> 2) / kbs;
       const int hword = (kb / Gm::KBC) * Gm::S + tt * Gm::HW;
       union {
         T v[4];
@@ -726,8 +748,10 @@ __global__ void __launch_bounds__(128) logits_staged_kernel(const LogitsArgs a) 
       } w;
 #pragma unroll
       for (int e = 0; e < 4; ++e) w.v[e] = x[int64_t(m) * a.H + hword + Gm::h_of(kb % Gm::KBC, e)];
-      bsm[f] = w.u;
+      *reinterpret_cast<uint2*>(bsm + m * colb + ((kb >> 1) * 4 + tt) * 16 + (kb & 1) * 8) = w.u;
     }
+    for (int f = threadIdx.x; f < staged_zero_bytes<BITS, C>() / 16; f += blockDim.x)
+      reinterpret_cast<uint4*>(bsm + a.M * colb)[f] = make_uint4(0u, 0u, 0u, 0u);
   }
   TopkAll<RT> tk;
   if constexpr (TOPK) tk.init(a, st_smem + xs + kWarps * wbytes);
@@ -799,16 +823,17 @@ __global__ void __launch_bounds__(128) logits_staged_kernel(const LogitsArgs a) 
   // ---- the compute side ------------------------------------------------------------------
   // ldmatrix row address of this lane: matrix (lane / 8) = (rows 0-7 | 8-15) × (segment 2s | 2s+1).
   const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
-  const uint2* bp0 = bsm + (g * 4 + t);        // lane's B fragments, k-block 0
-  const int b_kb = a.M * 4;                      // uint2 per k-block
-  const bool has_b = g < a.M;                    // lanes of columns >= M feed zeros
-  float acc[RT][1][4], cacc[RT][1][4];
+  // Lane's B fragments of k-blocks 0 and 1; lanes of columns >= M read the zero block and never move.
+  const bool has_b = g < a.M;
+  const unsigned char* bp0 = bsm + (has_b ? g * staged_col_bytes(a.H) : a.M * staged_col_bytes(a.H)) + t * 16;
+  const int bstep = has_b ? SPS * KBS * 32 : 0;  // bytes per stage
+  float acc[RT][1][4], cacc[RT][1][4], cacc2[RT][1][4];
 #pragma unroll
   for (int r = 0; r < RT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.0f;
   int64_t ct = warp;  // tile being computed
   int cst = 0, cb = 0;  // its stage, its scale buffer
   int cgs = 0, cgrp = 0;  // GS == 0: stage in group, group
-  const uint2* bp = bp0;
+  const unsigned char* bp = bp0;
   uint32_t bias[RT][2], bias16[RT][2];
   float zoff[RT][2];
 #pragma unroll
@@ -837,9 +862,11 @@ __global__ void __launch_bounds__(128) logits_staged_kernel(const LogitsArgs a) 
                       w[r][2 * sp + 1][0], w[r][2 * sp + 1][1]);
       uint2 B[SPS][KBS];
 #pragma unroll
-      for (int sg = 0; sg < SPS; ++sg)
-#pragma unroll
-        for (int j = 0; j < KBS; ++j) B[sg][j] = has_b ? bp[(sg * KBS + j) * b_kb] : make_uint2(0u, 0u);
+      for (int i = 0; i < SPS * KBS / 2; ++i) {
+        const uint4 q = *reinterpret_cast<const uint4*>(bp + i * 64);
+        B[(2 * i) / KBS][(2 * i) % KBS] = make_uint2(q.x, q.y);
+        B[(2 * i + 1) / KBS][(2 * i + 1) % KBS] = make_uint2(q.z, q.w);
+      }
       const unsigned char* sbuf = sbuf0 + cb * sblk;
       const uint32_t* zbuf = reinterpret_cast<const uint32_t*>(zbuf0 + cb * zblk);
 #pragma unroll
@@ -849,7 +876,10 @@ __global__ void __launch_bounds__(128) logits_staged_kernel(const LogitsArgs a) 
         const int grp = GS > 0 ? cst * (SPS / GS1) + sg / GS1 : cgrp;
         if (gstart) {
 #pragma unroll
-          for (int r = 0; r < RT; ++r) cacc[r][0][0] = cacc[r][0][1] = cacc[r][0][2] = cacc[r][0][3] = 0.0f;
+          for (int r = 0; r < RT; ++r) {
+            cacc[r][0][0] = cacc[r][0][1] = cacc[r][0][2] = cacc[r][0][3] = 0.0f;
+            if constexpr (CH == 2) cacc2[r][0][0] = cacc2[r][0][1] = cacc2[r][0][2] = cacc2[r][0][3] = 0.0f;
+          }
           if constexpr (ASYM) {
 #pragma unroll
             for (int r = 0; r < RT; ++r)
@@ -873,12 +903,17 @@ __global__ void __launch_bounds__(128) logits_staged_kernel(const LogitsArgs a) 
             A[1] = dequant_pair<BITS, T>(w[r][sg][1], j, 0, bias[r][1], bias16[r][1], zoff[r][1]);
             A[2] = dequant_pair<BITS, T>(w[r][sg][0], j, 1, bias[r][0], bias16[r][0], zoff[r][0]);
             A[3] = dequant_pair<BITS, T>(w[r][sg][1], j, 1, bias[r][1], bias16[r][1], zoff[r][1]);
-            mma16816<T>(cacc[r][0], A, B[sg][j].x, B[sg][j].y);
+            if (CH == 2 && ((sg * KBS + j) & 1)) mma16816<T>(cacc2[r][0], A, B[sg][j].x, B[sg][j].y);
+            else mma16816<T>(cacc[r][0], A, B[sg][j].x, B[sg][j].y);
           }
         }
         if (gend) {  // the group ends: scale its f32 partial sums once
 #pragma unroll
           for (int r = 0; r < RT; ++r) {
+            if constexpr (CH == 2) {
+#pragma unroll
+              for (int e = 0; e < 4; ++e) cacc[r][0][e] += cacc2[r][0][e];
+            }
             float sc[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -895,7 +930,7 @@ __global__ void __launch_bounds__(128) logits_staged_kernel(const LogitsArgs a) 
         }
       }
       __syncwarp();  // every lane is done with slot d before a later issue() refills it
-      bp += SPS * KBS * b_kb;
+      bp += bstep;
       if constexpr (GS == 0) {
         if (++cgs == a.st_spg) { cgs = 0; ++cgrp; }
       }
@@ -1702,15 +1737,23 @@ inline bool staged_enabled() {
   const char* e = std::getenv("QHEAD_CUDA_STAGED");
   return !(e && e[0] == '0');
 }
-constexpr int kStagedC = 64;      // bytes per row per stage
-constexpr int kStagedNS = 4;      // stages in flight per warp
+// Configuration (measured on the H200, docs/performance.md "Session 4"):
+// 128-byte row stages (64-byte ones, the v8 choice, read HBM at ~2.5 TB/s in a
+// pure copy with the same pattern, 128-byte ones at ~3.7 TB/s), one 16-row
+// tile per warp, 3 stages, 8 warps per CTA, two accumulator chains per tile.
+// Rows whose bytes are not a multiple of 128 take 64-byte stages (4-bit only:
+// for 8-bit the register kernel is faster there).
+constexpr int kStagedRT = 1;      // 16-row tiles per warp
+constexpr int kStagedNS = 3;      // stages in flight per warp
+constexpr int kStagedCH = 2;      // accumulator chains per tile
+constexpr int kStagedWarps = 8;   // warps per CTA
 constexpr int kStagedMaxScaleBlock = 4096;  // bytes of one tile's scales (two are buffered per warp)
-constexpr int kStagedMaxX = 16 * 1024;      // bytes of the activations kept in shared memory (2·H·M)
+constexpr int kStagedMaxX = 17 * 1024;      // bytes of the activations kept in shared memory (staged_x_bytes)
 
-template <int BITS, class T, int RT, int GS, bool ASYM, bool TOPK>
+template <int BITS, class T, int C, int GS, bool ASYM, bool TOPK>
 int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
-  constexpr int C = kStagedC, NS = kStagedNS, kWarps = 4, ROWS = 16 * RT;
-  auto kernel = logits_staged_kernel<BITS, T, C, RT, NS, GS, ASYM, TOPK>;
+  constexpr int RT = kStagedRT, NS = kStagedNS, kWarps = kStagedWarps, ROWS = 16 * RT;
+  auto kernel = logits_staged_kernel<BITS, T, C, RT, NS, GS, ASYM, TOPK, kStagedCH, kWarps>;
   static int optin = [] {
     int dev = 0, v = 0;
     cudaGetDevice(&dev);
@@ -1724,7 +1767,7 @@ int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
   (void)attr;
   const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
   const int wbytes = staged_warp_bytes<BITS, C, RT, NS, ASYM>(a.groups, sbytes);
-  const size_t base = size_t(staged_x_bytes(a.H, a.M)) + size_t(kWarps) * wbytes;
+  const size_t base = size_t(staged_x_bytes<BITS, C>(a.H, a.M)) + size_t(kWarps) * wbytes;
   const int64_t tiles = (a.V + ROWS - 1) / ROWS;
   const int64_t want = (tiles + kWarps - 1) / kWarps;
   auto blocks_per_sm = [&](size_t smem) {
@@ -1775,39 +1818,47 @@ int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
   return TOPK ? int(gy) : 1;
 }
 
+// Stage bytes per row the staged kernel takes for this shape (0: none).
+template <int BITS>
+inline int staged_stage_bytes(int64_t row_bytes) {
+  if (row_bytes % 128 == 0 && row_bytes / 128 >= kStagedNS) return 128;
+  if (BITS == 4 && row_bytes % 64 == 0 && row_bytes / 64 >= kStagedNS) return 64;
+  return 0;
+}
+
 template <int BITS, class T, bool TOPK>
 int launch_staged(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
-  // 8-bit: measured slower than the register-ring kernel (77 vs 64 us at
-  // M = 1, docs/performance.md), so not taken (nor instantiated).
-  if constexpr (BITS != 4) {
-    return -1;
-  } else {
-    constexpr int RT = 2, C = kStagedC, SPS = C / 16;
-    if (a.M > 8 || !staged_enabled()) return -1;
-    if (staged_x_bytes(a.H, a.M) > kStagedMaxX) return -1;
-    const int64_t row_bytes = int64_t(a.H) * BITS / 8;
-    if (row_bytes % C != 0 || row_bytes / C < kStagedNS) return -1;
-    const int gbytes = a.group * BITS / 8;
-    if (gbytes % 16 != 0) return -1;
-    const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
-    if (16 * RT * a.groups * sbytes > kStagedMaxScaleBlock) return -1;
-    const bool asym = a.zp != nullptr;
-    auto go = [&](auto gs) {
-      constexpr int GS = decltype(gs)::value;
-      return asym ? launch_staged_cfg<BITS, T, RT, GS, true, TOPK>(a, s, ws)
-                  : launch_staged_cfg<BITS, T, RT, GS, false, TOPK>(a, s, ws);
+  if (a.M > 8 || !staged_enabled()) return -1;
+  const int64_t row_bytes = int64_t(a.H) * BITS / 8;
+  const int c = staged_stage_bytes<BITS>(row_bytes);
+  if (c == 0) return -1;
+  const int gbytes = a.group * BITS / 8;
+  if (gbytes % 16 != 0) return -1;
+  const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+  if (16 * kStagedRT * a.groups * sbytes > kStagedMaxScaleBlock) return -1;
+  const bool asym = a.zp != nullptr;
+  const int segs = gbytes / 16;  // 16-byte segments per group
+  auto go = [&](auto cc) {
+    constexpr int C = decltype(cc)::value, SPS = C / 16;
+    if (staged_x_bytes<BITS, C>(a.H, a.M) > kStagedMaxX) return -1;
+    auto gs = [&](auto g) {
+      constexpr int GS = decltype(g)::value;
+      return asym ? launch_staged_cfg<BITS, T, C, GS, true, TOPK>(a, s, ws)
+                  : launch_staged_cfg<BITS, T, C, GS, false, TOPK>(a, s, ws);
     };
-    const int segs = gbytes / 16;  // 16-byte segments per group
     switch (segs) {
-      case 1: return go(std::integral_constant<int, 1>());
-      case 2: return go(std::integral_constant<int, 2>());
-      case 4: return go(std::integral_constant<int, 4>());
+      case 1: return gs(std::integral_constant<int, 1>());
+      case 2: return gs(std::integral_constant<int, 2>());
+      case 4: return gs(std::integral_constant<int, 4>());
       default:
         if (segs % SPS != 0) return -1;
         a.st_spg = segs / SPS;
-        return go(std::integral_constant<int, 0>());
+        return gs(std::integral_constant<int, 0>());
     }
-  }
+  };
+  if (c == 128) return go(std::integral_constant<int, 128>());
+  if constexpr (BITS == 4 && !TOPK) return go(std::integral_constant<int, 64>());
+  return -1;  // 64-byte stages: logits only (the top-k then runs logits + selection)
 }
 
 template <int BITS, class T, int L>
