@@ -197,6 +197,16 @@ TEST(Cuda, LogitsGemmAndGemvAtEveryM) {
           check_logits({bits, group, sym, act, scale, V, 1024, M}, seed++, Backend::kFused);
         }
   }
+  // The staged GEMV's configurations (M <= 16): 128-byte stages (H = 2560) and
+  // 64-byte ones (4-bit H = 640), one or two activation tiles, partial tiles.
+  for (int64_t H : {640, 2560})
+    for (int bits : {4, 8})
+      for (int group : {32, 64, 128, -1})
+        for (int64_t M : {2, 9, 12}) {
+          const DType act = seed % 3 == 0 ? DType::kF16 : DType::kBF16;
+          const DType scale = seed % 5 == 0 ? DType::kF32 : (seed % 5 < 3 ? DType::kF16 : DType::kBF16);
+          check_logits({bits, group, seed % 2 == 0, act, scale, 1001, H, M}, seed++, Backend::kFused);
+        }
   // H whose stage count is odd or a group spans several stages (8-bit g128: 2 stages; per row).
   for (int64_t H : {640, 2560, 4096})
     for (int group : {64, 128, -1})

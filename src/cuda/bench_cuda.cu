@@ -6,7 +6,7 @@
 //           loads, timed the same way as the kernels (the floor of a fused GEMV)
 //   matrix  cuBLAS dense f16 GEMM rate on a large square product
 // Paths: dense (cuBLAS f16 GEMM on the unquantized f16 table), fallback
-// (dequantize + cuBLAS), fused (our kernel), fused_v7 (M <= 8: the
+// (dequantize + cuBLAS), fused (our kernel), fused_v7 (M <= 16: the
 // register-ring kernel the staged one replaces), fused_gemv / fused_mma /
 // fused_wgmma (M >= 9: each fused kernel family forced, logits.cuh's
 // environment switches), fused_topk (qhead::topk
@@ -241,7 +241,7 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
         logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);
       }, reps);
       add("fused", fused_us, double(table_bytes), dense_us, "the fused kernel itself (Backend::kFused)");
-      if (M <= 8) {  // the register-ring kernel (v7) that the staged one (v8) replaces for M <= 8, same run
+      if (M <= 16) {  // the register-ring kernel (v7) that the staged one (v8/v12) replaces for M <= 16, same run
         setenv("QHEAD_CUDA_STAGED", "0", 1);
         const double v7_us = median_us([&](int i) {
           logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);

@@ -623,7 +623,7 @@ __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
   }
 }
 
-// ---- v8: the shared-memory staged kernel (M <= 8) ---------------------------------------
+// ---- v8/v12: the shared-memory staged kernel (M <= 16) ----------------------------------
 //
 // Why. ncu on the register-ring kernel (v5–v7) showed it latency- and
 // instruction-bound: per 512-byte warp chunk ~180 instructions, most of them
@@ -701,8 +701,9 @@ __host__ __device__ inline int staged_warp_bytes(int groups, int sbytes) {
   return NS * 16 * RT * (C + 16) + 2 * sblk + 2 * zblk;
 }
 
-template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK, int CH, int NW>
+template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK, int CH, int NW, int NT>
 __global__ void __launch_bounds__(NW * 32) logits_staged_kernel(const LogitsArgs a) {
+  static_assert(!TOPK || NT == 1, "the top-k epilogue keeps pools for 8 columns");
   constexpr int kWarps = NW;
   constexpr int SPS = C / 16;          // 16-byte segments per row per stage
   constexpr int P = C + 16;            // shared row pitch (bytes)
@@ -824,16 +825,29 @@ __global__ void __launch_bounds__(NW * 32) logits_staged_kernel(const LogitsArgs
   // ldmatrix row address of this lane: matrix (lane / 8) = (rows 0-7 | 8-15) × (segment 2s | 2s+1).
   const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
   // Lane's B fragments of k-blocks 0 and 1; lanes of columns >= M read the zero block and never move.
-  const bool has_b = g < a.M;
-  const unsigned char* bp0 = bsm + (has_b ? g * staged_col_bytes(a.H) : a.M * staged_col_bytes(a.H)) + t * 16;
-  const int bstep = has_b ? SPS * KBS * 32 : 0;  // bytes per stage
-  float acc[RT][1][4], cacc[RT][1][4], cacc2[RT][1][4];
+  // Activation tile n (columns 8n..8n+7) of this lane: column g + 8n.
+  const unsigned char* bp0[NT];
+  int bstep[NT];  // bytes per stage
 #pragma unroll
-  for (int r = 0; r < RT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.0f;
+  for (int n = 0; n < NT; ++n) {
+    const bool has_b = g + 8 * n < a.M;
+    bp0[n] = bsm + (has_b ? (g + 8 * n) * staged_col_bytes(a.H) : a.M * staged_col_bytes(a.H)) + t * 16;
+    bstep[n] = has_b ? SPS * KBS * 32 : 0;
+  }
+  float acc[RT][NT][4], cacc[RT][NT][4], cacc2[RT][NT][4];
+  auto zero = [](float (&v)[RT][NT][4]) {
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) v[r][n][0] = v[r][n][1] = v[r][n][2] = v[r][n][3] = 0.0f;
+  };
+  zero(acc);
   int64_t ct = warp;  // tile being computed
   int cst = 0, cb = 0;  // its stage, its scale buffer
   int cgs = 0, cgrp = 0;  // GS == 0: stage in group, group
-  const unsigned char* bp = bp0;
+  const unsigned char* bp[NT];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) bp[n] = bp0[n];
   uint32_t bias[RT][2], bias16[RT][2];
   float zoff[RT][2];
 #pragma unroll
@@ -860,26 +874,46 @@ __global__ void __launch_bounds__(NW * 32) logits_staged_kernel(const LogitsArgs
         for (int sp = 0; sp < SPS / 2; ++sp)
           ldmatrix_x4(code_s + d * STAGE + r * 16 * P + sp * 32 + lane_off, w[r][2 * sp][0], w[r][2 * sp][1],
                       w[r][2 * sp + 1][0], w[r][2 * sp + 1][1]);
-      uint2 B[SPS][KBS];
+      uint2 B[NT][SPS][KBS];
 #pragma unroll
-      for (int i = 0; i < SPS * KBS / 2; ++i) {
-        const uint4 q = *reinterpret_cast<const uint4*>(bp + i * 64);
-        B[(2 * i) / KBS][(2 * i) % KBS] = make_uint2(q.x, q.y);
-        B[(2 * i + 1) / KBS][(2 * i + 1) % KBS] = make_uint2(q.z, q.w);
-      }
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int i = 0; i < SPS * KBS / 2; ++i) {
+          const uint4 q = *reinterpret_cast<const uint4*>(bp[n] + i * 64);
+          B[n][(2 * i) / KBS][(2 * i) % KBS] = make_uint2(q.x, q.y);
+          B[n][(2 * i + 1) / KBS][(2 * i + 1) % KBS] = make_uint2(q.z, q.w);
+        }
       const unsigned char* sbuf = sbuf0 + cb * sblk;
       const uint32_t* zbuf = reinterpret_cast<const uint32_t*>(zbuf0 + cb * zblk);
+      // GS > 0: the scales of the stage's GPS groups for this lane's rows, read
+      // and widened once per stage under one uniform branch on their type (per
+      // group, the branchy loads were a quarter of a g64 group's instructions).
+      constexpr int GPS = GS > 0 ? SPS / GS1 : 1;
+      float scv[RT][GPS][2];
+      if constexpr (GS > 0) {
+        auto fill = [&](auto ld) {
+#pragma unroll
+          for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int i = 0; i < GPS; ++i) scv[r][i][h] = ld((r * 16 + h * 8 + g) * a.groups + cst * GPS + i);
+        };
+        if (a.scale_type == kScaleF16)
+          fill([&](int idx) { return __half2float(reinterpret_cast<const __half*>(sbuf)[idx]); });
+        else if (a.scale_type == kScaleBF16)
+          fill([&](int idx) { return __uint_as_float(uint32_t(reinterpret_cast<const unsigned short*>(sbuf)[idx]) << 16); });
+        else
+          fill([&](int idx) { return reinterpret_cast<const float*>(sbuf)[idx]; });
+      }
 #pragma unroll
       for (int sg = 0; sg < SPS; ++sg) {
         const bool gstart = GS > 0 ? (sg % GS1 == 0) : (sg == 0 && cgs == 0);
         const bool gend = GS > 0 ? (sg % GS1 == GS1 - 1) : (sg == SPS - 1 && cgs == a.st_spg - 1);
         const int grp = GS > 0 ? cst * (SPS / GS1) + sg / GS1 : cgrp;
         if (gstart) {
-#pragma unroll
-          for (int r = 0; r < RT; ++r) {
-            cacc[r][0][0] = cacc[r][0][1] = cacc[r][0][2] = cacc[r][0][3] = 0.0f;
-            if constexpr (CH == 2) cacc2[r][0][0] = cacc2[r][0][1] = cacc2[r][0][2] = cacc2[r][0][3] = 0.0f;
-          }
+          zero(cacc);
+          if constexpr (CH == 2) zero(cacc2);
           if constexpr (ASYM) {
 #pragma unroll
             for (int r = 0; r < RT; ++r)
@@ -903,8 +937,11 @@ __global__ void __launch_bounds__(NW * 32) logits_staged_kernel(const LogitsArgs
             A[1] = dequant_pair<BITS, T>(w[r][sg][1], j, 0, bias[r][1], bias16[r][1], zoff[r][1]);
             A[2] = dequant_pair<BITS, T>(w[r][sg][0], j, 1, bias[r][0], bias16[r][0], zoff[r][0]);
             A[3] = dequant_pair<BITS, T>(w[r][sg][1], j, 1, bias[r][1], bias16[r][1], zoff[r][1]);
-            if (CH == 2 && ((sg * KBS + j) & 1)) mma16816<T>(cacc2[r][0], A, B[sg][j].x, B[sg][j].y);
-            else mma16816<T>(cacc[r][0], A, B[sg][j].x, B[sg][j].y);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+              if (CH == 2 && ((sg * KBS + j) & 1)) mma16816<T>(cacc2[r][n], A, B[n][sg][j].x, B[n][sg][j].y);
+              else mma16816<T>(cacc[r][n], A, B[n][sg][j].x, B[n][sg][j].y);
+            }
           }
         }
         if (gend) {  // the group ends: scale its f32 partial sums once
@@ -912,39 +949,49 @@ __global__ void __launch_bounds__(NW * 32) logits_staged_kernel(const LogitsArgs
           for (int r = 0; r < RT; ++r) {
             if constexpr (CH == 2) {
 #pragma unroll
-              for (int e = 0; e < 4; ++e) cacc[r][0][e] += cacc2[r][0][e];
+              for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) cacc[r][n][e] += cacc2[r][n][e];
             }
             float sc[2];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const int idx = (r * 16 + h * 8 + g) * a.groups + grp;
-              sc[h] = a.scale_type == kScaleF32    ? reinterpret_cast<const float*>(sbuf)[idx]
-                      : a.scale_type == kScaleBF16 ? __uint_as_float(uint32_t(reinterpret_cast<const unsigned short*>(sbuf)[idx]) << 16)
-                                                   : __half2float(reinterpret_cast<const __half*>(sbuf)[idx]);
+              if constexpr (GS > 0) {
+                sc[h] = scv[r][sg / GS1][h];
+              } else {
+                const int idx = (r * 16 + h * 8 + g) * a.groups + grp;
+                sc[h] = a.scale_type == kScaleF32    ? reinterpret_cast<const float*>(sbuf)[idx]
+                        : a.scale_type == kScaleBF16 ? __uint_as_float(uint32_t(reinterpret_cast<const unsigned short*>(sbuf)[idx]) << 16)
+                                                     : __half2float(reinterpret_cast<const __half*>(sbuf)[idx]);
+              }
             }
-            acc[r][0][0] = fmaf(sc[0], cacc[r][0][0], acc[r][0][0]);
-            acc[r][0][1] = fmaf(sc[0], cacc[r][0][1], acc[r][0][1]);
-            acc[r][0][2] = fmaf(sc[1], cacc[r][0][2], acc[r][0][2]);
-            acc[r][0][3] = fmaf(sc[1], cacc[r][0][3], acc[r][0][3]);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+              acc[r][n][0] = fmaf(sc[0], cacc[r][n][0], acc[r][n][0]);
+              acc[r][n][1] = fmaf(sc[0], cacc[r][n][1], acc[r][n][1]);
+              acc[r][n][2] = fmaf(sc[1], cacc[r][n][2], acc[r][n][2]);
+              acc[r][n][3] = fmaf(sc[1], cacc[r][n][3], acc[r][n][3]);
+            }
           }
         }
       }
       __syncwarp();  // every lane is done with slot d before a later issue() refills it
-      bp += bstep;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) bp[n] += bstep[n];
       if constexpr (GS == 0) {
         if (++cgs == a.st_spg) { cgs = 0; ++cgrp; }
       }
       if (++cst == nst) {  // the tile is done
         if constexpr (TOPK) tk.append(a, acc, ct * ROWS, g, t);
-        else store_tile<RT, 1>(a, acc, ct * ROWS, 0, g, t);
-#pragma unroll
-        for (int r = 0; r < RT; ++r) acc[r][0][0] = acc[r][0][1] = acc[r][0][2] = acc[r][0][3] = 0.0f;
+        else store_tile<RT, NT>(a, acc, ct * ROWS, 0, g, t);
+        zero(acc);
         cst = 0;
         cb ^= 1;
         cgs = 0;
         cgrp = 0;
         ct += nwarps;
-        bp = bp0;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) bp[n] = bp0[n];
       }
     }
   }
@@ -1729,7 +1776,7 @@ void launch_logits_cfg(const LogitsArgs& a, cudaStream_t s) {
   QHEAD_CUDA_CHECK_LAUNCH("logits_mma_kernel");
 }
 
-// The staged kernel (v8) for M <= 8: returns what launch_logits_cfg returns,
+// The staged kernel (v8/v12) for M <= 16: returns what launch_logits_cfg returns,
 // or -1 when the shape does not fit it (the register-ring kernel runs then).
 // QHEAD_CUDA_STAGED=0 in the environment turns it off (benchmarks compare
 // the two kernels in one run).
@@ -1748,12 +1795,13 @@ constexpr int kStagedNS = 3;      // stages in flight per warp
 constexpr int kStagedCH = 2;      // accumulator chains per tile
 constexpr int kStagedWarps = 8;   // warps per CTA
 constexpr int kStagedMaxScaleBlock = 4096;  // bytes of one tile's scales (two are buffered per warp)
-constexpr int kStagedMaxX = 17 * 1024;      // bytes of the activations kept in shared memory (staged_x_bytes)
+constexpr int kStagedMaxX = 34 * 1024;      // bytes of the activations kept in shared memory (staged_x_bytes):
+                                            // with the 8 warps' rings, two CTAs per SM
 
-template <int BITS, class T, int C, int GS, bool ASYM, bool TOPK>
+template <int BITS, class T, int C, int GS, bool ASYM, bool TOPK, int NT>
 int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
   constexpr int RT = kStagedRT, NS = kStagedNS, kWarps = kStagedWarps, ROWS = 16 * RT;
-  auto kernel = logits_staged_kernel<BITS, T, C, RT, NS, GS, ASYM, TOPK, kStagedCH, kWarps>;
+  auto kernel = logits_staged_kernel<BITS, T, C, RT, NS, GS, ASYM, TOPK, kStagedCH, kWarps, NT>;
   static int optin = [] {
     int dev = 0, v = 0;
     cudaGetDevice(&dev);
@@ -1828,7 +1876,7 @@ inline int staged_stage_bytes(int64_t row_bytes) {
 
 template <int BITS, class T, bool TOPK>
 int launch_staged(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
-  if (a.M > 8 || !staged_enabled()) return -1;
+  if (a.M > (TOPK ? 8 : 16) || !staged_enabled()) return -1;
   const int64_t row_bytes = int64_t(a.H) * BITS / 8;
   const int c = staged_stage_bytes<BITS>(row_bytes);
   if (c == 0) return -1;
@@ -1843,8 +1891,13 @@ int launch_staged(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
     if (staged_x_bytes<BITS, C>(a.H, a.M) > kStagedMaxX) return -1;
     auto gs = [&](auto g) {
       constexpr int GS = decltype(g)::value;
-      return asym ? launch_staged_cfg<BITS, T, C, GS, true, TOPK>(a, s, ws)
-                  : launch_staged_cfg<BITS, T, C, GS, false, TOPK>(a, s, ws);
+      if constexpr (!TOPK) {
+        if (a.M > 8)  // two activation tiles
+          return asym ? launch_staged_cfg<BITS, T, C, GS, true, false, 2>(a, s, ws)
+                      : launch_staged_cfg<BITS, T, C, GS, false, false, 2>(a, s, ws);
+      }
+      return asym ? launch_staged_cfg<BITS, T, C, GS, true, TOPK, 1>(a, s, ws)
+                  : launch_staged_cfg<BITS, T, C, GS, false, TOPK, 1>(a, s, ws);
     };
     switch (segs) {
       case 1: return gs(std::integral_constant<int, 1>());
@@ -1887,7 +1940,7 @@ void launch_logits_l(const LogitsArgs& a, cudaStream_t s) {
 
 // The launchers one .cu instantiates per (BITS, T). launch_logits returns
 // false when the shape has no fast path (the caller falls back); x_frag must
-// hold ((M + 7) / 8 · 8) · H elements. M <= 8 takes the staged kernel where
+// hold ((M + 7) / 8 · 8) · H elements. M <= 16 takes the staged kernel where
 // it fits, else the register-ring kernel. launch_logits_topk runs the staged
 // kernel with the top-k epilogue and returns the number of partial results
 // per activation row it wrote (a.tk_cand, a.tk_part), or 0 when the shape
@@ -1896,7 +1949,7 @@ template <int BITS, class T>
 bool launch_logits(const LogitsArgs& a, cudaStream_t s) {
   const int l = pick_piece_bytes(BITS, a.group);
   if (l == 0 || (BITS == 8 && l == 4)) return false;  // 8-bit codes take L = 4 only for groups < 32
-  if (a.M <= 8) {
+  if (a.M <= 16) {
     LogitsArgs b = a;
     if (launch_staged<BITS, T, false>(b, s, nullptr) >= 0) return true;
   }
