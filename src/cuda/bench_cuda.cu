@@ -241,26 +241,22 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
         logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);
       }, reps);
       add("fused", fused_us, double(table_bytes), dense_us, "the fused kernel itself (Backend::kFused)");
-      if (M <= 16) {  // the register-ring kernel (v7) that the staged one (v8/v12) replaces for M <= 16, same run
-        setenv("QHEAD_CUDA_STAGED", "0", 1);
-        const double v7_us = median_us([&](int i) {
+      // The fused call with up to two of logits.cuh's environment switches set: each kernel
+      // family at this M, same run.
+      auto variant = [&](const char* path, const char* n1, const char* v1, const char* n2, const char* v2,
+                         const std::string& note) {
+        setenv(n1, v1, 1);
+        if (n2) setenv(n2, v2, 1);
+        const double us = median_us([&](int i) {
           logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);
         }, reps);
-        unsetenv("QHEAD_CUDA_STAGED");
-        add("fused_v7", v7_us, double(table_bytes), dense_us, "the register-ring kernel (QHEAD_CUDA_STAGED=0)");
-      }
-      if (M >= 9) {  // each fused kernel family at this M, same run (environment switches, logits.cuh)
-        auto variant = [&](const char* path, const char* n1, const char* v1, const char* n2, const char* v2,
-                           const std::string& note) {
-          setenv(n1, v1, 1);
-          if (n2) setenv(n2, v2, 1);
-          const double us = median_us([&](int i) {
-            logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);
-          }, reps);
-          unsetenv(n1);
-          if (n2) unsetenv(n2);
-          add(path, us, double(table_bytes), dense_us, note);
-        };
+        unsetenv(n1);
+        if (n2) unsetenv(n2);
+        add(path, us, double(table_bytes), dense_us, note);
+      };
+      if (M <= 16)  // the register-ring kernel (v7) that the staged one (v8/v12) replaces
+        variant("fused_v7", "QHEAD_CUDA_STAGED", "0", nullptr, nullptr, "the register-ring kernel (QHEAD_CUDA_STAGED=0)");
+      if (M >= 9) {
         variant("fused_gemv", "QHEAD_CUDA_GEMM", "0", nullptr, nullptr, "the GEMV kernels (QHEAD_CUDA_GEMM=0)");
         variant("fused_mma", "QHEAD_CUDA_GEMM_MIN_M", "1", "QHEAD_CUDA_WGMMA", "0",
                 "the mma.sync GEMM (QHEAD_CUDA_GEMM_MIN_M=1 QHEAD_CUDA_WGMMA=0)");

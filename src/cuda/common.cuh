@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/entry.h"
 #include "qhead/error.h"
 
 namespace qhead::cuda_detail {
@@ -67,26 +68,13 @@ __device__ __forceinline__ int zero_point(const uint32_t* zp, int64_t groups, in
   return static_cast<int>(stored_code(zp + group, row, bits, groups)) - (1 << (bits - 1));
 }
 
-// ---- top-k entries ---------------------------------------------------------------
-//
-// A (logit, vocab id) candidate is one 64-bit "entry": the logit's
-// order-preserving key in the high word and the complemented id in the low
-// word, so that entry order IS the top-k order of the reference (value
-// descending, ties to the lower id) and a selection needs one unsigned
-// compare. Entry 0 is "empty": it is below every real entry (the key of −inf
-// is 0x007FFFFF).
+// ---- top-k entries (core/entry.h) ------------------------------------------------
 
-__device__ __forceinline__ uint32_t order_key(float f) {
-  const uint32_t u = __float_as_uint(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);  // larger float → larger key
-}
-__device__ __forceinline__ float key_value(uint32_t k) {
-  return __uint_as_float((k & 0x80000000u) ? (k & 0x7FFFFFFFu) : ~k);
-}
-__device__ __forceinline__ uint64_t make_entry(float v, int64_t id) {
-  return (uint64_t(order_key(v)) << 32) | uint32_t(~uint32_t(id));
-}
-__device__ __forceinline__ float entry_value(uint64_t e) { return e ? key_value(uint32_t(e >> 32)) : -INFINITY; }
+using entry::entry_value;
+using entry::key_value;
+using entry::make_entry;
+using entry::order_key;
+// The CUDA selection's id of an entry: empty → INT_MAX (sorts after every id).
 __device__ __forceinline__ int entry_id(uint64_t e) { return e ? int(~uint32_t(e)) : 0x7fffffff; }
 
 // Sorts p[0, n) descending (n a power of two) with one warp, in shared memory.

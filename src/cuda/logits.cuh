@@ -1505,10 +1505,10 @@ __global__ void permute_x_wg_kernel(const T* __restrict__ x, T* __restrict__ xw,
   reinterpret_cast<uint4*>(xw)[f] = o.u;
 }
 
-template <int BITS, class T, int BN, int RW, int GS, bool ASYM, int MINB>
+template <int BITS, class T, int BN, int GS, bool ASYM, int MINB>
 __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const LogitsArgs a, int Mpad, uint64_t desc_hi) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BV = 128 * RW, BM = BN, NT = BN / 8, NS = gemm_stages<MINB>();
+  constexpr int BV = 128, BM = BN, NT = BN / 8, NS = gemm_stages<MINB>();
   using Gg = GemmGeometry<BITS, BV, BM, ASYM, NS>;
   constexpr int SPS = Gg::SPS, KBS = Gg::KBS, P = Gg::P;
   constexpr int GPS = GS > 0 ? SPS / GS : 1;
@@ -1519,25 +1519,23 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
   if (!st.init(a, Mpad, smem_u32(wg_smem))) return;
   const uint32_t smem0 = st.smem0;
 
-  // Row tile rw of warp wic: tile rows rw·128 + wic·16 + {g, g+8} (warpgroup wic/4 issues its 64 rows).
+  // Warp wic's rows of the 128-row tile: wic·16 + {g, g+8} (warpgroup wic/4 issues its 64 rows).
   const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
-  float acc[RW][NT][4], cacc[RW][NT][4];
+  float acc[1][NT][4], cacc[1][NT][4];  // [1]: the one row tile (the shared helpers take [R][NT][4])
   zero_acc(acc);
-  uint32_t bias[RW][2], bias16[RW][2];
-  float zoff[RW][2];
+  uint32_t bias[1][2], bias16[1][2];
+  float zoff[1][2];
   init_bias<BITS, T>(bias, bias16, zoff);
 
   for (int64_t q = 0; q < st.total; ++q) {
     const int slot = st.begin(a, q);  // every warpgroup's wgmmas on stage q − 1 completed (waited below)
     const unsigned char* stp = wg_smem + slot * Gg::STAGE;
-    uint32_t w[RW][SPS][2];
-#pragma unroll
-    for (int rw = 0; rw < RW; ++rw) {
-      const uint32_t wb = smem0 + slot * Gg::STAGE + (rw * 128 + wic * 16) * P;
+    uint32_t w[SPS][2];
+    {
+      const uint32_t wb = smem0 + slot * Gg::STAGE + (wic * 16) * P;
 #pragma unroll
       for (int sp = 0; sp < SPS / 2; ++sp)
-        ldmatrix_x4(wb + sp * 32 + lane_off, w[rw][2 * sp][0], w[rw][2 * sp][1], w[rw][2 * sp + 1][0],
-                    w[rw][2 * sp + 1][1]);
+        ldmatrix_x4(wb + sp * 32 + lane_off, w[2 * sp][0], w[2 * sp][1], w[2 * sp + 1][0], w[2 * sp + 1][1]);
     }
     const uint32_t xb = smem0 + slot * Gg::STAGE + Gg::W_BYTES;
     const unsigned char* ss = stp + Gg::W_BYTES + Gg::X_BYTES;
@@ -1550,68 +1548,50 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
       if constexpr (ASYM) {
         if (gstart) {
 #pragma unroll
-          for (int rw = 0; rw < RW; ++rw)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              set_bias<BITS, T>(gemm_zero<BITS>(zs, rw * 128 + wic * 16 + h * 8 + g, gi), bias[rw][h], bias16[rw][h],
-                                zoff[rw][h]);
+          for (int h = 0; h < 2; ++h)
+            set_bias<BITS, T>(gemm_zero<BITS>(zs, wic * 16 + h * 8 + g, gi), bias[0][h], bias16[0][h], zoff[0][h]);
         }
       }
-      uint32_t A[RW][SEGS * KBS][4];
+      uint32_t A[SEGS * KBS][4];
 #pragma unroll
-      for (int rw = 0; rw < RW; ++rw)
+      for (int sl = 0; sl < SEGS; ++sl)
 #pragma unroll
-        for (int sl = 0; sl < SEGS; ++sl)
-#pragma unroll
-          for (int j = 0; j < KBS; ++j) {
-            const int sg = gi * SEGS + sl;
-            uint32_t* Ak = A[rw][sl * KBS + j];
-            Ak[0] = dequant_pair<BITS, T>(w[rw][sg][0], j, 0, bias[rw][0], bias16[rw][0], zoff[rw][0]);
-            Ak[1] = dequant_pair<BITS, T>(w[rw][sg][1], j, 0, bias[rw][1], bias16[rw][1], zoff[rw][1]);
-            Ak[2] = dequant_pair<BITS, T>(w[rw][sg][0], j, 1, bias[rw][0], bias16[rw][0], zoff[rw][0]);
-            Ak[3] = dequant_pair<BITS, T>(w[rw][sg][1], j, 1, bias[rw][1], bias16[rw][1], zoff[rw][1]);
-          }
-#pragma unroll
-      for (int rw = 0; rw < RW; ++rw) fence_regs<NT>(cacc[rw]);
+        for (int j = 0; j < KBS; ++j) {
+          const int sg = gi * SEGS + sl;
+          uint32_t* Ak = A[sl * KBS + j];
+          Ak[0] = dequant_pair<BITS, T>(w[sg][0], j, 0, bias[0][0], bias16[0][0], zoff[0][0]);
+          Ak[1] = dequant_pair<BITS, T>(w[sg][1], j, 0, bias[0][1], bias16[0][1], zoff[0][1]);
+          Ak[2] = dequant_pair<BITS, T>(w[sg][0], j, 1, bias[0][0], bias16[0][0], zoff[0][0]);
+          Ak[3] = dequant_pair<BITS, T>(w[sg][1], j, 1, bias[0][1], bias16[0][1], zoff[0][1]);
+        }
+      fence_regs<NT>(cacc[0]);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < SEGS * KBS; ++kk) {
         const int kb = gi * SEGS * KBS + kk;
         const uint64_t desc = desc_hi | uint64_t(((xb + kb * BM * 32) & 0x3FFFF) >> 4);
         const int scale_d = (kk > 0 || !gstart) ? 1 : 0;
-#pragma unroll
-        for (int rw = 0; rw < RW; ++rw) {
-          if constexpr (BN == 128) wgmma_n128<T>(cacc[rw], A[rw][kk], desc, scale_d);
-          else wgmma_n64<T>(cacc[rw], A[rw][kk], desc, scale_d);
-        }
+        if constexpr (BN == 128) wgmma_n128<T>(cacc[0], A[kk], desc, scale_d);
+        else wgmma_n64<T>(cacc[0], A[kk], desc, scale_d);
       }
       wgmma_commit();
       wgmma_wait0();  // A registers and the stage free; cacc final for this stage
-#pragma unroll
-      for (int rw = 0; rw < RW; ++rw) fence_regs<NT>(cacc[rw]);
+      fence_regs<NT>(cacc[0]);
       if (gend) {
+        const float s0 = gemm_scale<GPS>(a, ss, wic * 16 + g, gi, row0, g0);
+        const float s1 = gemm_scale<GPS>(a, ss, wic * 16 + 8 + g, gi, row0, g0);
 #pragma unroll
-        for (int rw = 0; rw < RW; ++rw) {
-          const float s0 = gemm_scale<GPS>(a, ss, rw * 128 + wic * 16 + g, gi, row0, g0);
-          const float s1 = gemm_scale<GPS>(a, ss, rw * 128 + wic * 16 + 8 + g, gi, row0, g0);
-#pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            acc[rw][n][0] = fmaf(s0, cacc[rw][n][0], acc[rw][n][0]);
-            acc[rw][n][1] = fmaf(s0, cacc[rw][n][1], acc[rw][n][1]);
-            acc[rw][n][2] = fmaf(s1, cacc[rw][n][2], acc[rw][n][2]);
-            acc[rw][n][3] = fmaf(s1, cacc[rw][n][3], acc[rw][n][3]);
-          }
+        for (int n = 0; n < NT; ++n) {
+          acc[0][n][0] = fmaf(s0, cacc[0][n][0], acc[0][n][0]);
+          acc[0][n][1] = fmaf(s0, cacc[0][n][1], acc[0][n][1]);
+          acc[0][n][2] = fmaf(s1, cacc[0][n][2], acc[0][n][2]);
+          acc[0][n][3] = fmaf(s1, cacc[0][n][3], acc[0][n][3]);
         }
       }
     }
     if (st.end_stage()) {  // the unit is done: accumulators → out
-#pragma unroll
-      for (int rw = 0; rw < RW; ++rw) {
-        float (&acc1)[1][NT][4] = *reinterpret_cast<float (*)[1][NT][4]>(&acc[rw]);
-        store_tile<1, NT>(a, acc1, row0 + rw * 128 + wic * 16, st.m0, g, t);
-#pragma unroll
-        for (int n = 0; n < NT; ++n) acc[rw][n][0] = acc[rw][n][1] = acc[rw][n][2] = acc[rw][n][3] = 0.0f;
-      }
+      store_tile<1, NT>(a, acc, row0 + wic * 16, st.m0, g, t);
+      zero_acc(acc);
       st.next_unit();
     }
   }
@@ -1671,11 +1651,11 @@ void launch_gemm_cfg(const LogitsArgs& a, cudaStream_t s) {
   QHEAD_CUDA_CHECK_LAUNCH("logits_gemm_kernel");
 }
 
-template <int BITS, class T, int BN, int RW, int GS, bool ASYM>
+template <int BITS, class T, int BN, int GS, bool ASYM>
 void launch_wgmma_cfg(const LogitsArgs& a, cudaStream_t s) {
-  constexpr int BV = 128 * RW, MINB = BN * RW <= 64 ? 2 : 1;
+  constexpr int BV = 128, MINB = BN <= 64 ? 2 : 1;
   using Gg = GemmGeometry<BITS, BV, BN, ASYM, gemm_stages<MINB>()>;
-  auto kernel = logits_wgmma_kernel<BITS, T, BN, RW, GS, ASYM, MINB>;
+  auto kernel = logits_wgmma_kernel<BITS, T, BN, GS, ASYM, MINB>;
   static bool attr = [&] {
     QHEAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Gg::SMEM));
     return true;
@@ -1711,11 +1691,11 @@ bool launch_gemm(LogitsArgs& a, cudaStream_t s) {
     constexpr int GS = decltype(gs)::value;
     if (wg) {
       // 128 rows × 64 columns (two CTAs per SM) up to M = 64, 128 × 128 above. Measured
-      // slower on the H200 (docs/performance.md): 256 rows × 64 columns (RW = 2) at M = 64
+      // slower on the H200 (docs/performance.md): 256-row tiles (two per warpgroup) at M = 64
       // and 256, and 64-column tiles at M = 256.
       if (a.M <= 64)
-        return asym ? launch_wgmma_cfg<BITS, T, 64, 1, GS, true>(a, s) : launch_wgmma_cfg<BITS, T, 64, 1, GS, false>(a, s);
-      return asym ? launch_wgmma_cfg<BITS, T, 128, 1, GS, true>(a, s) : launch_wgmma_cfg<BITS, T, 128, 1, GS, false>(a, s);
+        return asym ? launch_wgmma_cfg<BITS, T, 64, GS, true>(a, s) : launch_wgmma_cfg<BITS, T, 64, GS, false>(a, s);
+      return asym ? launch_wgmma_cfg<BITS, T, 128, GS, true>(a, s) : launch_wgmma_cfg<BITS, T, 128, GS, false>(a, s);
     }
     if (a.M <= 32) return asym ? launch_gemm_cfg<BITS, T, 4, GS, true>(a, s) : launch_gemm_cfg<BITS, T, 4, GS, false>(a, s);
     return asym ? launch_gemm_cfg<BITS, T, 8, GS, true>(a, s) : launch_gemm_cfg<BITS, T, 8, GS, false>(a, s);

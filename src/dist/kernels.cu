@@ -3,14 +3,14 @@
 #include <cuda_runtime.h>
 
 #include "cuda/common.cuh"
-#include "dist/candidate.h"
+#include "core/entry.h"
 #include "dist/kernels.h"
 
 namespace qhead::dist::kernels {
 
 namespace {
 
-using namespace qhead::dist::detail;
+using namespace qhead::entry;
 
 unsigned blocks(int64_t n, int threads) { return unsigned((n + threads - 1) / threads); }
 
@@ -21,8 +21,8 @@ __global__ void pack_kernel(const float* __restrict__ values, const int32_t* __r
   if (i >= m * (k + 1)) return;
   const int64_t r = i / (k + 1), j = i % (k + 1);
   uint64_t w;
-  if (j == k) w = lse_word(lse[r]);
-  else if (j < k_local) w = make_word(values[r * k_local + j], first_row + ids[r * k_local + j]);
+  if (j == k) w = lse_entry(lse[r]);
+  else if (j < k_local) w = make_entry(values[r * k_local + j], first_row + ids[r * k_local + j]);
   else w = 0;
   out[i] = w;
 }
@@ -51,7 +51,7 @@ __global__ void merge_kernel(const uint64_t* __restrict__ g, int world, int64_t 
     double mx = -INFINITY;
     bool nan = false;
     for (int r = 0; r < world; ++r) {
-      const double v = word_lse(g[(int64_t(r) * m + row) * (k + 1) + k]);
+      const double v = entry_lse(g[(int64_t(r) * m + row) * (k + 1) + k]);
       nan |= isnan(v);
       mx = fmax(mx, v);
     }
@@ -60,7 +60,7 @@ __global__ void merge_kernel(const uint64_t* __restrict__ g, int world, int64_t 
     else if (isinf(mx)) out = float(mx);
     else {
       double s = 0;
-      for (int r = 0; r < world; ++r) s += exp(double(word_lse(g[(int64_t(r) * m + row) * (k + 1) + k])) - mx);
+      for (int r = 0; r < world; ++r) s += exp(double(entry_lse(g[(int64_t(r) * m + row) * (k + 1) + k])) - mx);
       out = float(mx + log(s));
     }
     lse[row] = out;
@@ -71,8 +71,8 @@ __global__ void merge_kernel(const uint64_t* __restrict__ g, int world, int64_t 
   for (int r = 0; r < world && rank < k; ++r)
     if (r != w) rank += count_greater(g + (int64_t(r) * m + row) * (k + 1), k, e);
   if (rank < k) {
-    values[row * k + rank] = word_value(e);
-    ids[row * k + rank] = word_id(e);
+    values[row * k + rank] = entry_value(e);
+    ids[row * k + rank] = entry_id(e);
   }
 }
 

@@ -6,15 +6,15 @@
 #include <string>
 #include <vector>
 
-#include "dist/candidate.h"
+#include "core/entry.h"
 #include "qhead/dist.h"
 #include "qhead/error.h"
 
 namespace qhead::dist {
 
-uint64_t candidate_word(float value, int64_t global_id) { return detail::make_word(value, global_id); }
-float candidate_value(uint64_t w) { return detail::word_value(w); }
-int32_t candidate_id(uint64_t w) { return detail::word_id(w); }
+uint64_t candidate_word(float value, int64_t global_id) { return entry::make_entry(value, global_id); }
+float candidate_value(uint64_t w) { return entry::entry_value(w); }
+int32_t candidate_id(uint64_t w) { return entry::entry_id(w); }
 
 void pack_candidates(const float* values, const int32_t* local_ids, const float* lse, int64_t m, int64_t k_local,
                      int64_t k, int64_t first_row, uint64_t* out) {
@@ -24,8 +24,8 @@ void pack_candidates(const float* values, const int32_t* local_ids, const float*
   for (int64_t r = 0; r < m; ++r) {
     uint64_t* o = out + r * (k + 1);
     for (int64_t j = 0; j < k; ++j)
-      o[j] = j < k_local ? detail::make_word(values[r * k_local + j], first_row + local_ids[r * k_local + j]) : 0;
-    o[k] = detail::lse_word(lse[r]);
+      o[j] = j < k_local ? entry::make_entry(values[r * k_local + j], first_row + local_ids[r * k_local + j]) : 0;
+    o[k] = entry::lse_entry(lse[r]);
   }
 }
 
@@ -52,7 +52,7 @@ void merge_candidates(const uint64_t* gathered, int world, int64_t m, int64_t k,
       const uint64_t* msg = gathered + (int64_t(w) * m + r) * (k + 1);
       for (int64_t j = 0; j < k; ++j)
         if (msg[j]) all.push_back(msg[j]);
-      l[size_t(w)] = detail::word_lse(msg[k]);
+      l[size_t(w)] = entry::entry_lse(msg[k]);
     }
     if (int64_t(all.size()) < k)
       throw Error(ErrorCode::kInvalidArgument, "dist.merge_candidates",
@@ -60,8 +60,8 @@ void merge_candidates(const uint64_t* gathered, int world, int64_t m, int64_t k,
                       std::to_string(k));
     std::partial_sort(all.begin(), all.begin() + k, all.end(), std::greater<uint64_t>());
     for (int64_t j = 0; j < k; ++j) {
-      values[r * k + j] = detail::word_value(all[size_t(j)]);
-      ids[r * k + j] = detail::word_id(all[size_t(j)]);
+      values[r * k + j] = entry::entry_value(all[size_t(j)]);
+      ids[r * k + j] = entry::entry_id(all[size_t(j)]);
     }
     lse[r] = combine_logsumexp(l.data(), world);
   }
