@@ -376,9 +376,10 @@ __device__ float2 block_lse(float mx, float s, SelectSmem& sm) {
   return make_float2(mx, s);
 }
 
-// One selection level. Block (p, m) takes items [p·kSlice, (p+1)·kSlice) of
-// row m of `in` (n items per row): logits (In = float, id = index) or entries
-// (In = uint64_t) — kSelPer per thread, loaded once into registers — and
+// One selection level. Block (p, m) takes items [p·S, (p+1)·S) of row m of
+// `in` (n items per row; S = kSelThreads·PER): logits (In = float, id =
+// index) or entries (In = uint64_t) — PER per thread, loaded once into
+// registers — and
 //   level: writes its best k entries → cand[m, p, :] and, for logits, the
 //          slice's (max, Σ exp) → part[m, p];
 //   final (values != nullptr, one block per row): writes the row's top-k
@@ -397,20 +398,21 @@ struct SelectArgs {
   int P0 = 0;
 };
 
-template <class In>
+template <class In, int PER = kSelPer>
 __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectArgs a) {
+  constexpr int64_t SLICE = int64_t(kSelThreads) * PER;
   __shared__ SelectSmem sm;
   __shared__ double dred[kSelThreads / 32];
   const int p = blockIdx.x, m = blockIdx.y, P = gridDim.x;
-  const int64_t b = int64_t(p) * kSlice;
-  const int cnt = int(a.n - b < kSlice ? a.n - b : kSlice);
+  const int64_t b = int64_t(p) * SLICE;
+  const int cnt = int(a.n - b < SLICE ? a.n - b : SLICE);
   const In* in = static_cast<const In*>(a.in) + int64_t(m) * a.n + b;
   // The block's items as entries, in registers (the logits' log-sum-exp first).
-  uint64_t e[kSelPer];
+  uint64_t e[PER];
   {
-    In x[kSelPer];
+    In x[PER];
 #pragma unroll
-    for (int j = 0; j < kSelPer; ++j) {
+    for (int j = 0; j < PER; ++j) {
       const int i = j * kSelThreads + int(threadIdx.x);
       x[j] = i < cnt ? in[i] : In(0);
     }
@@ -418,28 +420,28 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectAr
       // Thread max, then Σ exp(l − max): independent operations, not the online update's chain.
       float mx = -INFINITY, s = 0.0f;
 #pragma unroll
-      for (int j = 0; j < kSelPer; ++j)
+      for (int j = 0; j < PER; ++j)
         if (j * kSelThreads + int(threadIdx.x) < cnt) mx = fmaxf(mx, x[j]);
       if (mx != -INFINITY) {
 #pragma unroll
-        for (int j = 0; j < kSelPer; ++j)
+        for (int j = 0; j < PER; ++j)
           if (j * kSelThreads + int(threadIdx.x) < cnt) s += expf(x[j] - mx);
       }
       const float2 l = block_lse(mx, s, sm);
       if (threadIdx.x == 0) a.part[int64_t(m) * P + p] = l;
 #pragma unroll
-      for (int j = 0; j < kSelPer; ++j) {
+      for (int j = 0; j < PER; ++j) {
         const int i = j * kSelThreads + int(threadIdx.x);
         e[j] = i < cnt ? make_entry(x[j], b + i) : 0ull;
       }
     } else {
 #pragma unroll
-      for (int j = 0; j < kSelPer; ++j) e[j] = x[j];
+      for (int j = 0; j < PER; ++j) e[j] = x[j];
     }
   }
   uint64_t my_max = 0;
 #pragma unroll
-  for (int j = 0; j < kSelPer; ++j) my_max = e[j] > my_max ? e[j] : my_max;
+  for (int j = 0; j < PER; ++j) my_max = e[j] > my_max ? e[j] : my_max;
   if (a.lse) {  // final level: the row's log-sum-exp from the level-0 partial sums
     const float2* pr = a.part_in + int64_t(m) * a.P0;
     float mx = -INFINITY;
@@ -463,7 +465,7 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectAr
   }
   auto for_each = [&](auto&& f) {
 #pragma unroll
-    for (int j = 0; j < kSelPer; ++j) f(e[j]);
+    for (int j = 0; j < PER; ++j) f(e[j]);
   };
   if (a.values) {
     block_select(for_each, my_max, a.k, [&](int j, uint64_t e) {
@@ -725,11 +727,19 @@ void topk_impl(const Table& table, const TensorView& x, int64_t k, const TensorV
     LogitsArgs a;
     if (const int nblk = fused_topk(table, x, k, a)) return merge_topk(a.tk_cand, a.tk_part, nblk, M, k, ov, oi, ol);
   }
-  // Otherwise logits into a workspace; slices of kSlice logits per block
-  // select their best k, then the same merge.
+  // Otherwise logits into a workspace; slices of logits per block select
+  // their best k, then the same merge. A selection block is a chain of short
+  // phases whose latency hardly depends on its size, so when slices of
+  // kSlice logits would leave most multiprocessors idle (small M; M = 1 on a
+  // 152k vocab is 19 blocks) the first level takes a quarter of that per
+  // block, provided its candidates still fit one final block.
   float* l = static_cast<float*>(workspace(kWsLogits, size_t(M * V) * sizeof(float)));
   if (!try_fused(table, x, l, V, backend)) gemm_fallback(table, x, l, V);
-  const int P = int((V + kSlice - 1) / kSlice);
+  constexpr int kSmallPer = kSelPer / 4;
+  constexpr int64_t kSmallSlice = int64_t(kSelThreads) * kSmallPer;
+  const int64_t P_small = (V + kSmallSlice - 1) / kSmallSlice;
+  const bool small = M * ((V + kSlice - 1) / kSlice) < sm_count() && P_small * k <= kSlice;
+  const int P = int(small ? P_small : (V + kSlice - 1) / kSlice);
   char* ws = static_cast<char*>(workspace(kWsTopkCandidates, size_t(M) * P * (size_t(k) + 1) * 8));
   SelectArgs sa;
   sa.in = l;
@@ -737,7 +747,8 @@ void topk_impl(const Table& table, const TensorView& x, int64_t k, const TensorV
   sa.k = int(k);
   sa.cand = reinterpret_cast<uint64_t*>(ws);
   sa.part = reinterpret_cast<float2*>(sa.cand + M * P * k);
-  topk_select_kernel<float><<<dim3(unsigned(P), unsigned(M)), kSelThreads, 0, s>>>(sa);
+  if (small) topk_select_kernel<float, kSmallPer><<<dim3(unsigned(P), unsigned(M)), kSelThreads, 0, s>>>(sa);
+  else topk_select_kernel<float><<<dim3(unsigned(P), unsigned(M)), kSelThreads, 0, s>>>(sa);
   QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel<float>");
   merge_topk(sa.cand, sa.part, P, M, k, ov, oi, ol);
 }
