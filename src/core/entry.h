@@ -22,23 +22,17 @@
 
 namespace qhead::entry {
 
+// The bits of a float and back (memcpy: defined behaviour on the host, a
+// register move on the device).
 QHEAD_ENTRY_HD uint32_t float_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
   uint32_t u;
-  std::memcpy(&u, &f, 4);
+  memcpy(&u, &f, 4);
   return u;
-#endif
 }
 QHEAD_ENTRY_HD float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
   float f;
-  std::memcpy(&f, &u, 4);
+  memcpy(&f, &u, 4);
   return f;
-#endif
 }
 
 // Larger float → larger key (sign-magnitude flipped into unsigned order).

@@ -218,6 +218,20 @@ __global__ void permute_x_kernel(const T* __restrict__ x, T* __restrict__ xf, in
 // row0 + r·16 + {g, g+8} × activation columns m0 + n·8 + {2t, 2t+1}.
 
 // Plain logits: the C fragments → out.
+// The end of a group: acc += s · cacc for one 16-row tile, s0 the scale of
+// the lane's row g, s1 of row g + 8 (the MMA accumulator layout: c0, c1 in
+// row g, c2, c3 in row g + 8).
+template <int NT>
+__device__ __forceinline__ void fold_group(float (&acc)[NT][4], const float (&cacc)[NT][4], float s0, float s1) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    acc[n][0] = fmaf(s0, cacc[n][0], acc[n][0]);
+    acc[n][1] = fmaf(s0, cacc[n][1], acc[n][1]);
+    acc[n][2] = fmaf(s1, cacc[n][2], acc[n][2]);
+    acc[n][3] = fmaf(s1, cacc[n][3], acc[n][3]);
+  }
+}
+
 template <int RT, int NT>
 __device__ __forceinline__ void store_tile(const LogitsArgs& a, const float (&acc)[RT][NT][4], int64_t row0, int m0,
                                            int g, int t) {
@@ -594,13 +608,7 @@ __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
                     : a.scale_type == kScaleBF16 ? __uint_as_float(raw << 16)
                                                  : __half2float(__ushort_as_half(static_cast<unsigned short>(raw)));
           }
-#pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            acc[r][n][0] = fmaf(sc[0], cacc[r][n][0], acc[r][n][0]);
-            acc[r][n][1] = fmaf(sc[0], cacc[r][n][1], acc[r][n][1]);
-            acc[r][n][2] = fmaf(sc[1], cacc[r][n][2], acc[r][n][2]);
-            acc[r][n][3] = fmaf(sc[1], cacc[r][n][3], acc[r][n][3]);
-          }
+          fold_group<NT>(acc[r], cacc[r], sc[0], sc[1]);
         }
       }
       if (q0 + d + D < total) fetch(sl);
@@ -959,19 +967,10 @@ __global__ void __launch_bounds__(NW * 32) logits_staged_kernel(const LogitsArgs
               if constexpr (GS > 0) {
                 sc[h] = scv[r][sg / GS1][h];
               } else {
-                const int idx = (r * 16 + h * 8 + g) * a.groups + grp;
-                sc[h] = a.scale_type == kScaleF32    ? reinterpret_cast<const float*>(sbuf)[idx]
-                        : a.scale_type == kScaleBF16 ? __uint_as_float(uint32_t(reinterpret_cast<const unsigned short*>(sbuf)[idx]) << 16)
-                                                     : __half2float(reinterpret_cast<const __half*>(sbuf)[idx]);
+                sc[h] = load_scale(sbuf, a.scale_type, (r * 16 + h * 8 + g) * a.groups + grp);
               }
             }
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-              acc[r][n][0] = fmaf(sc[0], cacc[r][n][0], acc[r][n][0]);
-              acc[r][n][1] = fmaf(sc[0], cacc[r][n][1], acc[r][n][1]);
-              acc[r][n][2] = fmaf(sc[1], cacc[r][n][2], acc[r][n][2]);
-              acc[r][n][3] = fmaf(sc[1], cacc[r][n][3], acc[r][n][3]);
-            }
+            fold_group<NT>(acc[r], cacc[r], sc[0], sc[1]);
           }
         }
       }
@@ -1374,13 +1373,7 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_gemm_kernel(const L
         for (int r = 0; r < RT; ++r) {
           const float s0 = gemm_scale<GPS>(a, ss, wic * 32 + r * 16 + g, gi, row0, g0);
           const float s1 = gemm_scale<GPS>(a, ss, wic * 32 + r * 16 + 8 + g, gi, row0, g0);
-#pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            acc[r][n][0] = fmaf(s0, cacc[r][n][0], acc[r][n][0]);
-            acc[r][n][1] = fmaf(s0, cacc[r][n][1], acc[r][n][1]);
-            acc[r][n][2] = fmaf(s1, cacc[r][n][2], acc[r][n][2]);
-            acc[r][n][3] = fmaf(s1, cacc[r][n][3], acc[r][n][3]);
-          }
+          fold_group<NT>(acc[r], cacc[r], s0, s1);
         }
       }
     }
@@ -1580,13 +1573,7 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
       if (gend) {
         const float s0 = gemm_scale<GPS>(a, ss, wic * 16 + g, gi, row0, g0);
         const float s1 = gemm_scale<GPS>(a, ss, wic * 16 + 8 + g, gi, row0, g0);
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          acc[0][n][0] = fmaf(s0, cacc[0][n][0], acc[0][n][0]);
-          acc[0][n][1] = fmaf(s0, cacc[0][n][1], acc[0][n][1]);
-          acc[0][n][2] = fmaf(s1, cacc[0][n][2], acc[0][n][2]);
-          acc[0][n][3] = fmaf(s1, cacc[0][n][3], acc[0][n][3]);
-        }
+        fold_group<NT>(acc[0], cacc[0], s0, s1);
       }
     }
     if (st.end_stage()) {  // the unit is done: accumulators → out
