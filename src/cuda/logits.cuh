@@ -217,7 +217,6 @@ __global__ void permute_x_kernel(const T* __restrict__ x, T* __restrict__ xf, in
 // A finished tile: acc[r][n] is the m16n8 C fragment of rows
 // row0 + r·16 + {g, g+8} × activation columns m0 + n·8 + {2t, 2t+1}.
 
-// Plain logits: the C fragments → out.
 // The end of a group: acc += s · cacc for one 16-row tile, s0 the scale of
 // the lane's row g, s1 of row g + 8 (the MMA accumulator layout: c0, c1 in
 // row g, c2, c3 in row g + 8).
@@ -232,6 +231,7 @@ __device__ __forceinline__ void fold_group(float (&acc)[NT][4], const float (&ca
   }
 }
 
+// Plain logits: the C fragments → out.
 template <int RT, int NT>
 __device__ __forceinline__ void store_tile(const LogitsArgs& a, const float (&acc)[RT][NT][4], int64_t row0, int m0,
                                            int g, int t) {
