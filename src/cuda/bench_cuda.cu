@@ -4,7 +4,8 @@
 //   copy    device-to-device copy bandwidth (bytes read + written)
 //   read    a pure streaming read of exactly the packed table's bytes, 16-byte
 //           loads, timed the same way as the kernels (the floor of a fused
-//           GEMV): the faster of a grid-stride and a contiguous-chunk reader
+//           GEMV): the fastest of a grid-stride, a contiguous-chunk and a
+//           64 KiB-tile reader
 //   matrix  cuBLAS dense f16 GEMM rate on a large square product
 // Paths: dense (cuBLAS f16 GEMM on the unquantized f16 table), fallback
 // (dequantize + cuBLAS), fused (our kernel), fused_v7 (M <= 16: the
@@ -76,11 +77,11 @@ __global__ void stream_read(const uint4* __restrict__ p, int64_t n16, uint32_t* 
 }
 
 // The same read by contiguous chunks: block b streams words [b·n16/G, (b+1)·n16/G)
-// with four 16-byte loads in flight per thread (each block's warps on
-// neighbouring lines, as a row-tiled kernel reads), where stream_read's
-// grid stride spreads one thread's four loads megabytes apart. The read
-// ceiling is the faster of the two: on the larger tables the grid-stride
-// reader measured up to 15 % slower in some processes.
+// with four 16-byte loads in flight per thread, where stream_read's grid
+// stride spreads one thread's four loads megabytes apart. The read ceiling is
+// the fastest of the three readers: in a bench process that has allocated
+// and freed earlier tables, the grid-stride reader measured up to 15 % slower
+// on the larger tables than the same read alone (docs/performance.md).
 __global__ void stream_read_chunks(const uint4* __restrict__ p, int64_t n16, uint32_t* sink) {
   uint32_t acc = 0;
   const int64_t per = (n16 + gridDim.x - 1) / gridDim.x;
@@ -97,6 +98,31 @@ __global__ void stream_read_chunks(const uint4* __restrict__ p, int64_t n16, uin
   for (; i < b1; i += bs) {
     const uint4 v = __ldg(p + i);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) sink[0] = acc;
+}
+
+// The same read by blocks of 64 KiB: in round i block b streams piece
+// i·G + b, so the grid moves through the buffer as one ~G·64 KiB window with
+// each block on contiguous lines, as the row-tiled GEMV kernels do.
+__global__ void stream_read_tiles(const uint4* __restrict__ p, int64_t n16, uint32_t* sink) {
+  constexpr int64_t kPiece = 4096;  // 16-byte words per piece (64 KiB)
+  uint32_t acc = 0;
+  const int64_t bs = blockDim.x;
+  for (int64_t piece = blockIdx.x; piece * kPiece < n16; piece += gridDim.x) {
+    const int64_t b0 = piece * kPiece, b1 = b0 + kPiece < n16 ? b0 + kPiece : n16;
+    int64_t i = b0 + threadIdx.x;
+    for (; i + 3 * bs < b1; i += 4 * bs) {
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = __ldg(p + i + u * bs);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < b1; i += bs) {
+      const uint4 v = __ldg(p + i);
+      acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
   }
   if (acc == 0x12345678u) sink[0] = acc;
 }
@@ -223,8 +249,9 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
         kernel<<<prop.multiProcessorCount, 512, 0, s>>>(static_cast<const uint4*>(p.scale.data()), int64_t(p.scale.nbytes() / 16), sink);
       }, reps);
     };
-    const double read_grid_us = read_with(stream_read), read_chunk_us = read_with(stream_read_chunks);
-    const double read_us = std::min(read_grid_us, read_chunk_us);
+    const double read_grid_us = read_with(stream_read), read_chunk_us = read_with(stream_read_chunks),
+                 read_tile_us = read_with(stream_read_tiles);
+    const double read_us = std::min({read_grid_us, read_chunk_us, read_tile_us});
     {
       BenchRow r;
       r.shape = shape;
@@ -234,8 +261,9 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
       r.gbps = double(table_bytes) / (read_us * 1e3);
       r.bw_fraction = r.gbps / copy_gbps;
       r.note = "pure streaming read of the packed table's bytes (" + std::to_string(copies) +
-               " copies rotated): the faster of a grid-stride reader (" + std::to_string(read_grid_us) +
-               " us) and a contiguous-chunk reader (" + std::to_string(read_chunk_us) + " us)";
+               " copies rotated): the fastest of a grid-stride reader (" + std::to_string(read_grid_us) +
+               " us), a contiguous-chunk reader (" + std::to_string(read_chunk_us) + " us) and a 64 KiB-tile reader (" +
+               std::to_string(read_tile_us) + " us)";
       rows.push_back(r);
     }
 
