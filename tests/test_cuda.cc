@@ -380,7 +380,8 @@ void check_topk(const TopkCase& c, uint64_t seed) {
 // sweep: V ∈ {1, 3, 50257, 151936} × M ∈ {1, 3, 16, 17, 64, 256} ×
 // k ∈ {1, 50, 200 (more than a CTA's tile step of 128 rows), 1000 (beyond the
 // fused epilogue's k), V (tiny V)}, with kAuto (logits, then the selection)
-// and, where it applies (4-bit, M <= 8, k <= 256), kFused (the fused epilogue).
+// and, where it applies (M <= 8, k <= 256, rows the staged kernel takes with
+// 128-byte stages), kFused (the fused epilogue).
 TEST(Cuda, TopkSweep) {
   SKIP_WITHOUT_GPU();
   std::vector<TopkCase> cases;
@@ -396,8 +397,8 @@ TEST(Cuda, TopkSweep) {
         const bool sym = ((sc >> 3) & 1) == 0;
         const DType act = ((sc >> 4) & 1) ? DType::kBF16 : DType::kF16;
         cases.push_back({bits, group, sym, act, V, M, k, Backend::kAuto});
-        // The fused epilogue (kFused) where it applies: 4-bit, M <= 8, k <= 256.
-        if (bits == 4 && M <= 8 && k <= 256) cases.push_back({bits, group, sym, act, V, M, k, Backend::kFused});
+        // The fused epilogue (kFused) where it applies: M <= 8, k <= 256 (4- and 8-bit since v12).
+        if (M <= 8 && k <= 256) cases.push_back({bits, group, sym, act, V, M, k, Backend::kFused});
       }
     }
   uint64_t seed = 4000;
@@ -408,9 +409,8 @@ TEST(Cuda, TopkSweep) {
 }
 
 // The other paths: logits by dequant + cuBLAS for small M, the fused logits
-// kernel (not its epilogue) at M > 64; every scheme once at M = 5 (4-bit: the
-// fused epilogue; 8-bit: logits, then the selection) and at M = 16 (logits,
-// then the selection).
+// kernel (not its epilogue) at M > 64; every scheme once at M = 5 (the fused
+// epilogue) and at M = 16 (logits, then the selection).
 TEST(Cuda, TopkOtherPaths) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 4600;
