@@ -56,75 +56,55 @@ __global__ void fill_random_values(T* p, int64_t n, uint64_t seed, float amp) {
   }
 }
 
-// The read ceiling: stream n16 16-byte words, no math beyond an XOR that
-// keeps the loads alive.
-__global__ void stream_read(const uint4* __restrict__ p, int64_t n16, uint32_t* sink) {
+// XOR of the 16-byte words p[i], p[i + step], … below `end`, four independent
+// loads in flight: the body of the read-ceiling kernels (the XOR keeps the
+// loads alive).
+__device__ __forceinline__ uint32_t xor_words(const uint4* __restrict__ p, int64_t i, int64_t end, int64_t step) {
   uint32_t acc = 0;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  for (; i + 3 * stride < n16; i += 4 * stride) {  // four independent 16-byte loads in flight
+  for (; i + 3 * step < end; i += 4 * step) {
     uint4 v[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = __ldg(p + i + u * stride);
+    for (int u = 0; u < 4; ++u) v[u] = __ldg(p + i + u * step);
 #pragma unroll
     for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
   }
-  for (; i < n16; i += stride) {
+  for (; i < end; i += step) {
     const uint4 v = __ldg(p + i);
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
+  return acc;
+}
+__device__ __forceinline__ void keep(uint32_t acc, uint32_t* sink) {
   if (acc == 0x12345678u) sink[0] = acc;  // practically never; prevents dead-code elimination
 }
 
-// The same read by contiguous chunks: block b streams words [b·n16/G, (b+1)·n16/G)
-// with four 16-byte loads in flight per thread, where stream_read's grid
-// stride spreads one thread's four loads megabytes apart. The read ceiling is
-// the fastest of the three readers: in a bench process that has allocated
-// and freed earlier tables, the grid-stride reader measured up to 15 % slower
-// on the larger tables than the same read alone (docs/performance.md).
+// The read ceiling: stream n16 16-byte words, three ways (each a pure read,
+// no math beyond the XOR); the ceiling is the fastest. In a bench process
+// that has allocated and freed earlier tables, the grid-stride reader
+// measured up to 15 % slower on the larger tables than the same read alone
+// (docs/performance.md).
+//   grid-stride: one thread's four loads lie a grid apart (megabytes);
+__global__ void stream_read(const uint4* __restrict__ p, int64_t n16, uint32_t* sink) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  keep(xor_words(p, int64_t(blockIdx.x) * blockDim.x + threadIdx.x, n16, stride), sink);
+}
+//   contiguous chunks: block b streams words [b·n16/G, (b+1)·n16/G);
 __global__ void stream_read_chunks(const uint4* __restrict__ p, int64_t n16, uint32_t* sink) {
-  uint32_t acc = 0;
   const int64_t per = (n16 + gridDim.x - 1) / gridDim.x;
   const int64_t b0 = int64_t(blockIdx.x) * per, b1 = b0 + per < n16 ? b0 + per : n16;
-  const int64_t bs = blockDim.x;
-  int64_t i = b0 + threadIdx.x;
-  for (; i + 3 * bs < b1; i += 4 * bs) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) v[u] = __ldg(p + i + u * bs);
-#pragma unroll
-    for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-  }
-  for (; i < b1; i += bs) {
-    const uint4 v = __ldg(p + i);
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) sink[0] = acc;
+  keep(xor_words(p, b0 + threadIdx.x, b1, blockDim.x), sink);
 }
-
-// The same read by blocks of 64 KiB: in round i block b streams piece
-// i·G + b, so the grid moves through the buffer as one ~G·64 KiB window with
-// each block on contiguous lines, as the row-tiled GEMV kernels do.
+//   64 KiB tiles: in round i block b streams piece i·G + b, so the grid moves
+//   through the buffer as one ~G·64 KiB window with each block on contiguous
+//   lines, as the row-tiled GEMV kernels do.
 __global__ void stream_read_tiles(const uint4* __restrict__ p, int64_t n16, uint32_t* sink) {
   constexpr int64_t kPiece = 4096;  // 16-byte words per piece (64 KiB)
   uint32_t acc = 0;
-  const int64_t bs = blockDim.x;
   for (int64_t piece = blockIdx.x; piece * kPiece < n16; piece += gridDim.x) {
     const int64_t b0 = piece * kPiece, b1 = b0 + kPiece < n16 ? b0 + kPiece : n16;
-    int64_t i = b0 + threadIdx.x;
-    for (; i + 3 * bs < b1; i += 4 * bs) {
-      uint4 v[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) v[u] = __ldg(p + i + u * bs);
-#pragma unroll
-      for (int u = 0; u < 4; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-    }
-    for (; i < b1; i += bs) {
-      const uint4 v = __ldg(p + i);
-      acc ^= v.x ^ v.y ^ v.z ^ v.w;
-    }
+    acc ^= xor_words(p, b0 + threadIdx.x, b1, blockDim.x);
   }
-  if (acc == 0x12345678u) sink[0] = acc;
+  keep(acc, sink);
 }
 
 struct Timer {

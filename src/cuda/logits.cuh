@@ -1615,6 +1615,17 @@ inline int wgmma_min_m() {
   return std::max(1, env_int("QHEAD_CUDA_WGMMA_MIN_M", kWgmmaMinM));
 }
 
+// Lets Kernel use `bytes` of dynamic shared memory; the attribute is set once
+// per kernel (the first call's bytes: every launcher passes a constant).
+template <auto Kernel>
+void allow_dynamic_smem(int bytes) {
+  static const bool once = [&] {
+    QHEAD_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return true;
+  }();
+  (void)once;
+}
+
 // x_frag must hold round_up(M, kGemmMaxBM) · H elements.
 constexpr int kGemmMaxBM = 128;
 
@@ -1622,12 +1633,8 @@ template <int BITS, class T, int NT, int GS, bool ASYM>
 void launch_gemm_cfg(const LogitsArgs& a, cudaStream_t s) {
   constexpr int BM = 8 * NT, BV = 256, MINB = NT <= 4 ? 2 : 1;
   using Gg = GemmGeometry<BITS, BV, BM, ASYM, gemm_stages<MINB>()>;
-  auto kernel = logits_gemm_kernel<BITS, T, NT, GS, ASYM, MINB>;
-  static bool attr = [&] {
-    QHEAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Gg::SMEM));
-    return true;
-  }();
-  (void)attr;
+  constexpr auto kernel = logits_gemm_kernel<BITS, T, NT, GS, ASYM, MINB>;
+  allow_dynamic_smem<kernel>(Gg::SMEM);
   const int Mpad = (a.M + BM - 1) / BM * BM;
   const int64_t nfrag = int64_t(a.H / 4) * Mpad;
   permute_x_kernel<BITS, T, 4><<<static_cast<unsigned>((nfrag + 255) / 256), 256, 0, s>>>(
@@ -1642,12 +1649,8 @@ template <int BITS, class T, int BN, int GS, bool ASYM>
 void launch_wgmma_cfg(const LogitsArgs& a, cudaStream_t s) {
   constexpr int BV = 128, MINB = BN <= 64 ? 2 : 1;
   using Gg = GemmGeometry<BITS, BV, BN, ASYM, gemm_stages<MINB>()>;
-  auto kernel = logits_wgmma_kernel<BITS, T, BN, GS, ASYM, MINB>;
-  static bool attr = [&] {
-    QHEAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Gg::SMEM));
-    return true;
-  }();
-  (void)attr;
+  constexpr auto kernel = logits_wgmma_kernel<BITS, T, BN, GS, ASYM, MINB>;
+  allow_dynamic_smem<kernel>(Gg::SMEM);
   const int Mpad = (a.M + BN - 1) / BN * BN;
   const int64_t nunits = int64_t(a.H / 16) * Mpad * 2;
   permute_x_wg_kernel<BITS, T><<<static_cast<unsigned>((nunits + 255) / 256), 256, 0, s>>>(
@@ -1768,18 +1771,14 @@ constexpr int kStagedMaxX = 34 * 1024;      // bytes of the activations kept in 
 template <int BITS, class T, int C, int GS, bool ASYM, bool TOPK, int NT>
 int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
   constexpr int RT = kStagedRT, NS = kStagedNS, kWarps = kStagedWarps, ROWS = 16 * RT;
-  auto kernel = logits_staged_kernel<BITS, T, C, RT, NS, GS, ASYM, TOPK, kStagedCH, kWarps, NT>;
+  constexpr auto kernel = logits_staged_kernel<BITS, T, C, RT, NS, GS, ASYM, TOPK, kStagedCH, kWarps, NT>;
   static int optin = [] {
     int dev = 0, v = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     return v;
   }();
-  static bool attr = [&] {
-    QHEAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin));
-    return true;
-  }();
-  (void)attr;
+  allow_dynamic_smem<kernel>(optin);
   const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
   const int wbytes = staged_warp_bytes<BITS, C, RT, NS, ASYM>(a.groups, sbytes);
   const size_t base = size_t(staged_x_bytes<BITS, C>(a.H, a.M)) + size_t(kWarps) * wbytes;
