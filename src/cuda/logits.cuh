@@ -50,7 +50,10 @@ struct LogitsArgs {
   int scale_type;          // ScaleType
   const uint32_t* zp;      // [ceil(V·b/32), groups] packed along V; nullptr = symmetric
   const void* x;           // [M, H] activations (f16/bf16), as given
-  void* x_frag;            // workspace, >= Mpad·H elements: x in MMA B-fragment order (permute_x)
+  void* x_frag;            // workspace, >= Mpad·H elements + staged_x_extra(Mpad): x in MMA B-fragment order
+                           // (permute_x), or in the staged kernel's shared layout (staged_x_kernel)
+  const void* x_stage = nullptr;  // staged kernel: x already in its shared layout (staged_x_bytes), copied
+                                  // flat into each CTA; nullptr = each CTA builds it from x
   float* out;              // [M, V] logits, row stride ldo
   int64_t ldo;
   int64_t V;
@@ -700,6 +703,39 @@ __host__ __device__ constexpr int staged_zero_bytes() { return (C / 16) * (BITS 
 __host__ __device__ inline int staged_col_bytes(int H) { return 2 * H + 64; }
 template <int BITS, int C>
 __host__ __device__ inline int staged_x_bytes(int H, int M) { return M * staged_col_bytes(H) + staged_zero_bytes<BITS, C>(); }
+// Bytes the staged layout of M columns needs beyond M·H 16-bit values (the
+// x_frag workspace holds either layout).
+__host__ __device__ constexpr int64_t staged_x_extra(int64_t M) { return M * 64 + 512; }
+
+// Fragment f of the staged layout (column m, k-block kb, lane t; f < M·H/4):
+// the 4 values lane (g = m, t) feeds k-block kb (permute_x_kernel's map, L = 4)
+// → its 8 bytes in dst. Shared by the per-CTA build and staged_x_kernel.
+template <int BITS, class T>
+__device__ __forceinline__ void staged_x_fragment(const T* __restrict__ x, int H, int f, unsigned char* dst) {
+  using Gm = Geometry<BITS, 4>;
+  const int kbs = H / 16;
+  const int tt = f & 3, kb = (f >> 2) % kbs, m = (f >> 2) / kbs;
+  const int hword = (kb / Gm::KBC) * Gm::S + tt * Gm::HW;
+  union {
+    T v[4];
+    uint2 u;
+  } w;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) w.v[e] = x[int64_t(m) * H + hword + Gm::h_of(kb % Gm::KBC, e)];
+  *reinterpret_cast<uint2*>(dst + m * staged_col_bytes(H) + ((kb >> 1) * 4 + tt) * 16 + (kb & 1) * 8) = w.u;
+}
+
+// x [M, H] → the staged kernel's shared layout in global memory (xs bytes,
+// zero block included), once per call, for activations too large for every
+// CTA to build them (launch_staged_cfg). One thread per fragment.
+template <int BITS, class T, int C>
+__global__ void staged_x_kernel(const T* __restrict__ x, int M, int H, unsigned char* __restrict__ dst) {
+  const int nf = M * H / 4, f = int(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (f < nf) staged_x_fragment<BITS>(x, H, f, dst);
+  const int z = f - nf;
+  if (z >= 0 && z < staged_zero_bytes<BITS, C>() / 16)
+    reinterpret_cast<uint4*>(dst + M * staged_col_bytes(H))[z] = make_uint4(0u, 0u, 0u, 0u);
+}
 
 // Bytes of shared memory one warp of the staged kernel uses.
 template <int BITS, int C, int RT, int NS, bool ASYM>
@@ -742,25 +778,18 @@ __global__ void __launch_bounds__(NW * 32) logits_staged_kernel(const LogitsArgs
   const int wbytes = staged_warp_bytes<BITS, C, RT, NS, ASYM>(a.groups, sbytes);
   unsigned char* bsm = st_smem;
   unsigned char* wsm = st_smem + xs + wic * wbytes;
-  {
-    // Column m, k-block kb, lane t: the 4 values lane (g = m, t) feeds k-block kb (see permute_x_kernel, L = 4).
-    using Gm = Geometry<BITS, 4>;
+  if (a.x_stage) {
+    // Prebuilt (staged_x_kernel): a flat copy, all of it in flight at once.
+    const char* xg = static_cast<const char*>(a.x_stage);
+    const uint32_t xb = smem_u32(bsm);
+    for (int f = threadIdx.x; f < xs / 16; f += blockDim.x) cp_async16(xb + f * 16, xg + f * 16, 16);
+    cp_async_commit();
+    cp_async_wait<0>();
+  } else {
     const T* x = static_cast<const T*>(a.x);
-    const int kbs = a.H / 16, colb = staged_col_bytes(a.H);
-    const int nf = kbs * a.M * 4;
-    for (int f = threadIdx.x; f < nf; f += blockDim.x) {
-      const int tt = f & 3, kb = (f >> 2) % kbs, m = (f >> 2) / kbs;
-      const int hword = (kb / Gm::KBC) * Gm::S + tt * Gm::HW;
-      union {
-        T v[4];
-        uint2 u;
-      } w;
-#pragma unroll
-      for (int e = 0; e < 4; ++e) w.v[e] = x[int64_t(m) * a.H + hword + Gm::h_of(kb % Gm::KBC, e)];
-      *reinterpret_cast<uint2*>(bsm + m * colb + ((kb >> 1) * 4 + tt) * 16 + (kb & 1) * 8) = w.u;
-    }
+    for (int f = threadIdx.x; f < a.M * a.H / 4; f += blockDim.x) staged_x_fragment<BITS>(x, a.H, f, bsm);
     for (int f = threadIdx.x; f < staged_zero_bytes<BITS, C>() / 16; f += blockDim.x)
-      reinterpret_cast<uint4*>(bsm + a.M * colb)[f] = make_uint4(0u, 0u, 0u, 0u);
+      reinterpret_cast<uint4*>(bsm + a.M * staged_col_bytes(a.H))[f] = make_uint4(0u, 0u, 0u, 0u);
   }
   TopkAll<RT> tk;
   if constexpr (TOPK) tk.init(a, st_smem + xs + kWarps * wbytes);
@@ -1765,8 +1794,17 @@ constexpr int kStagedNS = 3;      // stages in flight per warp
 constexpr int kStagedCH = 2;      // accumulator chains per tile
 constexpr int kStagedWarps = 8;   // warps per CTA
 constexpr int kStagedMaxScaleBlock = 4096;  // bytes of one tile's scales (two are buffered per warp)
-constexpr int kStagedMaxX = 34 * 1024;      // bytes of the activations kept in shared memory (staged_x_bytes):
-                                            // with the 8 warps' rings, two CTAs per SM
+constexpr int kStagedMaxX = 34 * 1024;      // bytes of the activations (staged_x_bytes) each CTA builds from
+                                            // x itself (with the 8 warps' rings, two CTAs per SM); larger ones,
+                                            // up to what fits one CTA, staged_x_kernel builds once per call
+
+// QHEAD_CUDA_STAGED_MAX_X=<bytes> caps the activations the staged kernel keeps
+// in shared memory (above it the register kernel runs): the bench's and the
+// tests' switch between the two; default no cap but the shared memory.
+inline int staged_max_x() {
+  const char* e = std::getenv("QHEAD_CUDA_STAGED_MAX_X");
+  return e && *e ? std::atoi(e) : 1 << 30;
+}
 
 template <int BITS, class T, int C, int GS, bool ASYM, bool TOPK, int NT>
 int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
@@ -1781,7 +1819,10 @@ int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
   allow_dynamic_smem<kernel>(optin);
   const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
   const int wbytes = staged_warp_bytes<BITS, C, RT, NS, ASYM>(a.groups, sbytes);
-  const size_t base = size_t(staged_x_bytes<BITS, C>(a.H, a.M)) + size_t(kWarps) * wbytes;
+  const int xs = staged_x_bytes<BITS, C>(a.H, a.M);
+  const size_t base = size_t(xs) + size_t(kWarps) * wbytes;
+  const bool prebuilt = xs > kStagedMaxX;
+  if (TOPK && prebuilt) return -1;  // the top-k pools need the CTAs that small activations leave
   const int64_t tiles = (a.V + ROWS - 1) / ROWS;
   const int64_t want = (tiles + kWarps - 1) / kWarps;
   auto blocks_per_sm = [&](size_t smem) {
@@ -1827,6 +1868,13 @@ int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
     }
     gy = std::min<int64_t>(want, int64_t(sm_count()) * occ);
   }
+  if (prebuilt) {
+    const int n = a.M * a.H / 4 + staged_zero_bytes<BITS, C>() / 16;
+    staged_x_kernel<BITS, T, C><<<unsigned((n + 255) / 256), 256, 0, s>>>(
+        static_cast<const T*>(a.x), a.M, a.H, static_cast<unsigned char*>(a.x_frag));
+    QHEAD_CUDA_CHECK_LAUNCH("staged_x_kernel");
+    a.x_stage = a.x_frag;
+  }
   kernel<<<dim3(1u, unsigned(gy)), kWarps * 32, smem, s>>>(a);
   QHEAD_CUDA_CHECK_LAUNCH("logits_staged_kernel");
   return TOPK ? int(gy) : 1;
@@ -1854,7 +1902,7 @@ int launch_staged(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
   const int segs = gbytes / 16;  // 16-byte segments per group
   auto go = [&](auto cc) {
     constexpr int C = decltype(cc)::value, SPS = C / 16;
-    if (staged_x_bytes<BITS, C>(a.H, a.M) > kStagedMaxX) return -1;
+    if (staged_x_bytes<BITS, C>(a.H, a.M) > staged_max_x()) return -1;
     auto gs = [&](auto g) {
       constexpr int GS = decltype(g)::value;
       if constexpr (!TOPK) {

@@ -582,7 +582,7 @@ bool fused_args(const Table& table, const TensorView& x, LogitsArgs& a) {
   a.scale_type = scale_type(p.scheme.scale_dtype);
   a.zp = p.scheme.symmetric ? nullptr : static_cast<const uint32_t*>(p.zero_point.data());
   a.x = x.data;
-  a.x_frag = workspace(kWsActivations, size_t(mpad * p.hidden) * 2);
+  a.x_frag = workspace(kWsActivations, size_t(mpad * p.hidden) * 2 + size_t(staged_x_extra(mpad)));
   a.out = nullptr;
   a.ldo = 0;
   a.V = p.vocab;
