@@ -207,16 +207,6 @@ TEST(Cuda, LogitsGemmAndGemvAtEveryM) {
           const DType scale = seed % 5 == 0 ? DType::kF32 : (seed % 5 < 3 ? DType::kF16 : DType::kBF16);
           check_logits({bits, group, seed % 2 == 0, act, scale, 1001, H, M}, seed++, Backend::kFused);
         }
-  // Activations above 34 KB (H = 2560, M >= 7; H = 4096, M >= 5): built once per
-  // call by staged_x_kernel and copied into each CTA; one CTA per SM.
-  for (int64_t H : {2560, 4096})
-    for (int bits : {4, 8})
-      for (int group : {32, 128, -1})
-        for (int64_t M : {7, 16}) {
-          const DType act = seed % 3 == 0 ? DType::kF16 : DType::kBF16;
-          const DType scale = seed % 5 == 0 ? DType::kF32 : (seed % 5 < 3 ? DType::kF16 : DType::kBF16);
-          check_logits({bits, group, seed % 2 == 0, act, scale, 1001, H, M}, seed++, Backend::kFused);
-        }
   // H whose stage count is odd or a group spans several stages (8-bit g128: 2 stages; per row).
   for (int64_t H : {640, 2560, 4096})
     for (int group : {64, 128, -1})
@@ -224,6 +214,24 @@ TEST(Cuda, LogitsGemmAndGemvAtEveryM) {
         if (group > 0 && H % group) continue;
         check_logits({bits, group, seed % 2 == 0, DType::kF16, DType::kBF16, 1000, H, 40}, seed++, Backend::kAuto);
       }
+}
+
+// The staged GEMV with activations above 34 KB (H = 2560, M >= 7; H = 4096,
+// M >= 5): staged_x_kernel builds their shared layout once per call and each
+// CTA copies it (one CTA per SM). 8-bit g32 with f32 scales exceeds the scale
+// block and takes the register kernel.
+TEST(Cuda, LogitsStagedLargeActivations) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 1900;
+  for (int64_t H : {2560, 4096})
+    for (int bits : {4, 8})
+      for (int group : {32, 128, -1})
+        for (int64_t M : {7, 16}) {
+          const DType act = seed % 3 == 0 ? DType::kF16 : DType::kBF16;
+          const DType scale = seed % 5 == 0 ? DType::kF32 : (seed % 5 < 3 ? DType::kF16 : DType::kBF16);
+          check_logits({bits, group, seed % 2 == 0, act, scale, H == 2560 && M == 7 ? 50257 : 1001, H, M}, seed++,
+                       Backend::kFused);
+        }
 }
 
 TEST(Cuda, LogitsFallbackAndUnsupportedShapes) {

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "core/entry.h"
 #include "qhead/error.h"
@@ -77,8 +78,63 @@ using entry::order_key;
 // The CUDA selection's id of an entry: empty → INT_MAX (sorts after every id).
 __device__ __forceinline__ int entry_id(uint64_t e) { return e ? int(~uint32_t(e)) : 0x7fffffff; }
 
-// Sorts p[0, n) descending (n a power of two) with one warp, in shared memory.
+// Sorts p[0, n) descending (n ≤ 32·R) with one warp in registers: entry
+// i = r·32 + lane sits in lane's slot r; the bitonic network's exchanges
+// across lanes are shuffles, across slots register moves — no shared-memory
+// round trip per step. The network's loops stay rolled: a selection block
+// runs this once, so its cost is instruction fetch more than instructions
+// (docs/performance.md). Entries past n read as 0 (empty), not written back.
+template <int R>
+__device__ __forceinline__ void warp_sort_desc_regs(uint64_t* p, int n) {
+  const int lane = threadIdx.x & 31;
+  uint64_t v[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) v[r] = r * 32 + lane < n ? p[r * 32 + lane] : 0ull;
+#pragma unroll 1
+  for (int size = 2; size <= 32 * R; size <<= 1) {
+    int stride = size >> 1;
+    // Strides of 64 and 32: the partner is in this lane's slot r ^ (stride / 32).
+    auto slots = [&](auto rs_c) {
+      constexpr int rs = decltype(rs_c)::value;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r & rs) continue;
+        const bool desc = ((r * 32) & size) == 0;  // the pair's block: descending or ascending
+        const uint64_t a = v[r], b = v[r | rs];
+        const uint64_t hi = a > b ? a : b, lo = a > b ? b : a;
+        v[r] = desc ? hi : lo;
+        v[r | rs] = desc ? lo : hi;
+      }
+    };
+    if constexpr (R >= 4) {
+      if (stride == 64) { slots(std::integral_constant<int, 2>()); stride = 32; }
+    }
+    if constexpr (R >= 2) {
+      if (stride == 32) { slots(std::integral_constant<int, 1>()); stride = 16; }
+    }
+#pragma unroll 1
+    for (; stride > 0; stride >>= 1) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const int i = r * 32 + lane;
+        const uint64_t o = __shfl_xor_sync(0xffffffffu, v[r], stride);
+        const bool keep_max = ((i & stride) == 0) == ((i & size) == 0);
+        v[r] = keep_max ? (v[r] > o ? v[r] : o) : (v[r] > o ? o : v[r]);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r * 32 + lane < n) p[r * 32 + lane] = v[r];
+  __syncwarp();
+}
+
+// Sorts p[0, n) descending (n a power of two) with one warp: in registers up
+// to 128 entries, else the bitonic network in shared memory.
 __device__ __forceinline__ void warp_sort_desc(uint64_t* p, int n) {
+  if (n <= 32) return warp_sort_desc_regs<1>(p, n);
+  if (n <= 64) return warp_sort_desc_regs<2>(p, n);
+  if (n <= 128) return warp_sort_desc_regs<4>(p, n);
   const int lane = threadIdx.x & 31;
   for (int size = 2; size <= n; size <<= 1)
     for (int stride = size >> 1; stride > 0; stride >>= 1) {

@@ -201,7 +201,7 @@ __global__ void dequant_words_kernel(TableArgs t, OutT* __restrict__ out) {
 
 constexpr int kMaxK = 1024;
 constexpr int kSelThreads = 256;
-constexpr int kSelPer = 32;                        // items per thread, held in registers
+constexpr int kSelPer = 32;                        // items per thread (in shared memory)
 constexpr int64_t kSlice = kSelThreads * kSelPer;  // items per selection block
 constexpr int kSelPool = 2048;                     // > kMaxK: the exact path always fits
 
@@ -229,7 +229,7 @@ __device__ void bitonic_sort(float* v, int* id, int n) {
 
 // Block-wide sort of p[0, n) descending (n a power of two ≤ kSelPool).
 __device__ void block_sort_desc(uint64_t* p, int n) {
-  if (n <= 64) {  // one warp, no block barriers
+  if (n <= 128) {  // one warp in registers, no block barriers
     if (threadIdx.x < 32) warp_sort_desc(p, n);
     __syncthreads();
     return;
@@ -359,21 +359,26 @@ __device__ __forceinline__ void block_select(ForEach&& for_each, uint64_t my_max
   __syncthreads();
 }
 
-// Block-wide (max, Σ exp(l − max)) → every thread.
+// Block-wide (max, Σ exp(l − max)) → every thread: the max first, then each
+// thread rescales its sum once and the sums are added — two plain reductions
+// (the pairwise log-sum-exp combine per shuffle step cost ~450 instructions
+// per warp of cold code; docs/performance.md).
 __device__ float2 block_lse(float mx, float s, SelectSmem& sm) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    const float m2 = __shfl_xor_sync(0xffffffffu, mx, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-    lse_combine(mx, s, m2, s2);
-  }
-  const int w = threadIdx.x >> 5;
-  if ((threadIdx.x & 31) == 0) { sm.fred[w] = mx; sm.sred[w] = s; }
+  const int w = threadIdx.x >> 5, nw = int(blockDim.x >> 5);
+  float bm = mx;
+  for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
+  if ((threadIdx.x & 31) == 0) sm.fred[w] = bm;
   __syncthreads();
-  mx = -INFINITY;
-  s = 0.0f;
-  for (int i = 0; i < int(blockDim.x >> 5); ++i) lse_combine(mx, s, sm.fred[i], sm.sred[i]);
+  bm = -INFINITY;
+  for (int i = 0; i < nw; ++i) bm = fmaxf(bm, sm.fred[i]);
+  float t = mx == -INFINITY ? 0.0f : s * expf(mx - bm);
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  if ((threadIdx.x & 31) == 0) sm.sred[w] = t;
   __syncthreads();
-  return make_float2(mx, s);
+  t = 0.0f;
+  for (int i = 0; i < nw; ++i) t += sm.sred[i];
+  __syncthreads();
+  return make_float2(bm, t);
 }
 
 // One selection level. Block (p, m) takes items [p·S, (p+1)·S) of row m of
@@ -398,50 +403,67 @@ struct SelectArgs {
   int P0 = 0;
 };
 
+// The block's items live in shared memory (dynamic, select_smem_bytes), not
+// registers, and every pass over them is a rolled loop: a selection block
+// runs its code once, so with the items in registers (fully unrolled passes,
+// ~6400 SASS instructions) it was bound by instruction fetch — ~9 us per block
+// whatever its size, most of it i-cache misses (ncu, docs/performance.md).
+template <class In, int PER>
+constexpr int select_smem_bytes() { return kSelThreads * PER * int(sizeof(In)); }
+
 template <class In, int PER = kSelPer>
 __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectArgs a) {
   constexpr int64_t SLICE = int64_t(kSelThreads) * PER;
   __shared__ SelectSmem sm;
   __shared__ double dred[kSelThreads / 32];
+  extern __shared__ __align__(16) unsigned char sel_items[];
+  In* items = reinterpret_cast<In*>(sel_items);  // item i = j·T + thread
   const int p = blockIdx.x, m = blockIdx.y, P = gridDim.x;
   const int64_t b = int64_t(p) * SLICE;
   const int cnt = int(a.n - b < SLICE ? a.n - b : SLICE);
   const In* in = static_cast<const In*>(a.in) + int64_t(m) * a.n + b;
-  // The block's items as entries, in registers (the logits' log-sum-exp first).
-  uint64_t e[PER];
-  {
-    In x[PER];
+  // Load (entries past cnt: 0 = empty; logits past cnt are never read), the
+  // thread's max; unrolled so that all PER loads are in flight at once.
+  float mx = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const int i = j * kSelThreads + int(threadIdx.x);
-      x[j] = i < cnt ? in[i] : In(0);
-    }
+  for (int j = 0; j < PER; ++j) {
+    const int i = j * kSelThreads + int(threadIdx.x);
     if constexpr (std::is_same_v<In, float>) {
-      // Thread max, then Σ exp(l − max): independent operations, not the online update's chain.
-      float mx = -INFINITY, s = 0.0f;
-#pragma unroll
-      for (int j = 0; j < PER; ++j)
-        if (j * kSelThreads + int(threadIdx.x) < cnt) mx = fmaxf(mx, x[j]);
-      if (mx != -INFINITY) {
-#pragma unroll
-        for (int j = 0; j < PER; ++j)
-          if (j * kSelThreads + int(threadIdx.x) < cnt) s += expf(x[j] - mx);
-      }
-      const float2 l = block_lse(mx, s, sm);
-      if (threadIdx.x == 0) a.part[int64_t(m) * P + p] = l;
-#pragma unroll
-      for (int j = 0; j < PER; ++j) {
-        const int i = j * kSelThreads + int(threadIdx.x);
-        e[j] = i < cnt ? make_entry(x[j], b + i) : 0ull;
+      if (i < cnt) {
+        const float v = in[i];
+        items[i] = v;
+        mx = fmaxf(mx, v);
       }
     } else {
-#pragma unroll
-      for (int j = 0; j < PER; ++j) e[j] = x[j];
+      items[i] = i < cnt ? in[i] : 0ull;
     }
   }
+  // Each thread reads back only its own items: no barrier needed before the passes.
+  // Four items per iteration: their shared-memory loads overlap, and the
+  // loop stays small (a block runs each pass once: its code is cold).
+  auto for_each = [&](auto&& f) {
+#pragma unroll 4
+    for (int j = 0; j < PER; ++j) {
+      const int i = j * kSelThreads + int(threadIdx.x);
+      if constexpr (std::is_same_v<In, float>) f(i < cnt ? make_entry(items[i], b + i) : 0ull);
+      else f(items[i]);
+    }
+  };
+  if constexpr (std::is_same_v<In, float>) {
+    // The slice's (max, Σ exp(l − max)): independent exps, not the online update's chain.
+    float s = 0.0f;
+    if (mx != -INFINITY) {
+#pragma unroll 4
+      for (int j = 0; j < PER; ++j) {
+        const int i = j * kSelThreads + int(threadIdx.x);
+        if (i < cnt) s += expf(items[i] - mx);
+      }
+    }
+    const float2 l = block_lse(mx, s, sm);
+    if (threadIdx.x == 0) a.part[int64_t(m) * P + p] = l;
+  }
   uint64_t my_max = 0;
-#pragma unroll
-  for (int j = 0; j < PER; ++j) my_max = e[j] > my_max ? e[j] : my_max;
+  for_each([&](uint64_t e) { my_max = e > my_max ? e : my_max; });
   if (a.lse) {  // final level: the row's log-sum-exp from the level-0 partial sums
     const float2* pr = a.part_in + int64_t(m) * a.P0;
     float mx = -INFINITY;
@@ -463,10 +485,6 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectAr
       a.lse[m] = float(double(mx) + log(t));
     }
   }
-  auto for_each = [&](auto&& f) {
-#pragma unroll
-    for (int j = 0; j < PER; ++j) f(e[j]);
-  };
   if (a.values) {
     block_select(for_each, my_max, a.k, [&](int j, uint64_t e) {
       a.values[int64_t(m) * a.k + j] = entry_value(e);
@@ -476,6 +494,23 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectAr
     uint64_t* out = a.cand + (int64_t(m) * P + p) * a.k;
     block_select(for_each, my_max, a.k, [&](int j, uint64_t e) { out[j] = e; }, sm);
   }
+}
+
+template <class In, int PER = kSelPer>
+void launch_select(dim3 grid, const SelectArgs& a, cudaStream_t s) {
+  constexpr auto kernel = topk_select_kernel<In, PER>;
+  constexpr int bytes = select_smem_bytes<In, PER>();
+  cuda_detail::allow_dynamic_smem<kernel>(bytes);
+  // The logits kernels before it run with the largest shared-memory carveout;
+  // asking for the same spares the SMs a reconfiguration between the two.
+  static const bool carve = [] {
+    QHEAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          int(cudaSharedmemCarveoutMaxShared)));
+    return true;
+  }();
+  (void)carve;
+  kernel<<<grid, kSelThreads, bytes, s>>>(a);
+  QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel");
 }
 
 // rescore: one warp per (row, candidate) dot product in f32; then per row a sort.
@@ -693,8 +728,7 @@ void merge_topk(const uint64_t* cand, const float2* part, int P0, int64_t M, int
     const int64_t P = (n + kSlice - 1) / kSlice;
     a.n = n;
     a.cand = buf[level & 1];
-    topk_select_kernel<uint64_t><<<dim3(unsigned(P), unsigned(M)), kSelThreads, 0, s>>>(a);
-    QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel<entry>");
+    launch_select<uint64_t>(dim3(unsigned(P), unsigned(M)), a, s);
     a.in = a.cand;
     n = P * k;
   }
@@ -705,8 +739,7 @@ void merge_topk(const uint64_t* cand, const float2* part, int P0, int64_t M, int
   a.lse = lse;
   a.part_in = part;
   a.P0 = P0;
-  topk_select_kernel<uint64_t><<<dim3(1u, unsigned(M)), kSelThreads, 0, s>>>(a);
-  QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel<final>");
+  launch_select<uint64_t>(dim3(1u, unsigned(M)), a, s);
 }
 
 void topk_impl(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
@@ -747,9 +780,8 @@ void topk_impl(const Table& table, const TensorView& x, int64_t k, const TensorV
   sa.k = int(k);
   sa.cand = reinterpret_cast<uint64_t*>(ws);
   sa.part = reinterpret_cast<float2*>(sa.cand + M * P * k);
-  if (small) topk_select_kernel<float, kSmallPer><<<dim3(unsigned(P), unsigned(M)), kSelThreads, 0, s>>>(sa);
-  else topk_select_kernel<float><<<dim3(unsigned(P), unsigned(M)), kSelThreads, 0, s>>>(sa);
-  QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel<float>");
+  if (small) launch_select<float, kSmallPer>(dim3(unsigned(P), unsigned(M)), sa, s);
+  else launch_select<float>(dim3(unsigned(P), unsigned(M)), sa, s);
   merge_topk(sa.cand, sa.part, P, M, k, ov, oi, ol);
 }
 }  // namespace
