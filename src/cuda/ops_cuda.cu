@@ -765,13 +765,16 @@ void topk_impl(const Table& table, const TensorView& x, int64_t k, const TensorV
   // phases whose latency hardly depends on its size, so when slices of
   // kSlice logits would leave most multiprocessors idle (small M; M = 1 on a
   // 152k vocab is 19 blocks) the first level takes a quarter of that per
-  // block, provided its candidates still fit one final block.
+  // block, provided its candidates still fit one final block. Small blocks
+  // also win while their grid is at most two waves (8 resident per SM): on
+  // the H200 a 2048-logit block takes ~8 us, an 8192-logit one ~23 us at
+  // 4 per SM (ncu, docs/performance.md).
   float* l = static_cast<float*>(workspace(kWsLogits, size_t(M * V) * sizeof(float)));
   if (!try_fused(table, x, l, V, backend)) gemm_fallback(table, x, l, V);
   constexpr int kSmallPer = kSelPer / 4;
   constexpr int64_t kSmallSlice = int64_t(kSelThreads) * kSmallPer;
   const int64_t P_small = (V + kSmallSlice - 1) / kSmallSlice;
-  const bool small = M * ((V + kSlice - 1) / kSlice) < sm_count() && P_small * k <= kSlice;
+  const bool small = M * P_small <= 16 * int64_t(sm_count()) && P_small * k <= kSlice;
   const int P = int(small ? P_small : (V + kSlice - 1) / kSlice);
   char* ws = static_cast<char*>(workspace(kWsTopkCandidates, size_t(M) * P * (size_t(k) + 1) * 8));
   SelectArgs sa;
