@@ -216,10 +216,10 @@ TEST(Cuda, LogitsGemmAndGemvAtEveryM) {
       }
 }
 
-// The staged GEMV with activations above 34 KB (H = 2560, M >= 7; H = 4096,
-// M >= 5): staged_x_kernel builds their shared layout once per call and each
-// CTA copies it (one CTA per SM). 8-bit g32 with f32 scales exceeds the scale
-// block and takes the register kernel.
+// The staged GEMV with large activations: up to 72 KB (here M = 7) each CTA
+// builds their shared layout itself, above (M = 16) staged_x_kernel builds it
+// once per call and each CTA copies it (one CTA per SM). 8-bit g32 with f32
+// scales exceeds the scale block and takes the register kernel.
 TEST(Cuda, LogitsStagedLargeActivations) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 1900;

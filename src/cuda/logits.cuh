@@ -663,6 +663,10 @@ __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
 // memory (staged_x_bytes: one padded region per column, then a zero block
 // that the lanes of columns >= M read, so B loads carry no predicates), each
 // lane's two k-blocks as one 16-byte load at a constant offset per stage.
+// Up to kStagedMaxX bytes a CTA builds them from x itself (16-byte loads,
+// eight in flight per thread, byte permutes); larger ones (M = 16 at
+// H >= 2560: one CTA per SM) staged_x_kernel builds once per call and each
+// CTA copies them flat with cp.async.
 //
 // Stage size (v12, session 4). With 64-byte stages a warp reads 16·RT
 // separate 64-byte pieces per stage; a pure copy with that pattern reached
@@ -723,6 +727,29 @@ __device__ __forceinline__ void staged_x_fragment(const T* __restrict__ x, int H
 #pragma unroll
   for (int e = 0; e < 4; ++e) w.v[e] = x[int64_t(m) * H + hword + Gm::h_of(kb % Gm::KBC, e)];
   *reinterpret_cast<uint2*>(dst + m * staged_col_bytes(H) + ((kb >> 1) * 4 + tt) * 16 + (kb & 1) * 8) = w.u;
+}
+
+// The same layout 16 bytes at a time, when x is 16-byte aligned: unit u
+// (column m, k-block pair q, lane t; u < M·H/8) reads the 8 values lane t
+// feeds k-blocks 2q and 2q+1 with one 16-byte load (4-bit: h = 32q + 8t ..
+// +8) or two 8-byte ones (8-bit: h = 32q + 4t .. +4 and 32q + 16 + 4t .. +4),
+// puts them in fragment order with byte permutes (4-bit: 0,4,1,5 | 2,6,3,7;
+// 8-bit: 0,2,1,3 per k-block, Geometry::h_of) and stores 16 bytes.
+template <int BITS>
+__device__ __forceinline__ uint4 staged_x_unit_load(const unsigned char* __restrict__ xr, int q, int t) {
+  if constexpr (BITS == 4) return *reinterpret_cast<const uint4*>(xr + (q * 32 + 8 * t) * 2);
+  const uint2 a = *reinterpret_cast<const uint2*>(xr + (q * 32 + 4 * t) * 2);
+  const uint2 b = *reinterpret_cast<const uint2*>(xr + (q * 32 + 16 + 4 * t) * 2);
+  return make_uint4(a.x, a.y, b.x, b.y);
+}
+template <int BITS>
+__device__ __forceinline__ uint4 staged_x_unit_order(uint4 w) {
+  if constexpr (BITS == 4)  // w = v1:v0, v3:v2, v5:v4, v7:v6 → v4:v0, v5:v1, v6:v2, v7:v3
+    return make_uint4(__byte_perm(w.x, w.z, 0x5410), __byte_perm(w.x, w.z, 0x7632), __byte_perm(w.y, w.w, 0x5410),
+                      __byte_perm(w.y, w.w, 0x7632));
+  // per k-block: a1:a0, a3:a2 → a2:a0, a3:a1
+  return make_uint4(__byte_perm(w.x, w.y, 0x5410), __byte_perm(w.x, w.y, 0x7632), __byte_perm(w.z, w.w, 0x5410),
+                    __byte_perm(w.z, w.w, 0x7632));
 }
 
 // x [M, H] → the staged kernel's shared layout in global memory (xs bytes,
@@ -787,7 +814,28 @@ __global__ void __launch_bounds__(NW * 32) logits_staged_kernel(const LogitsArgs
     cp_async_wait<0>();
   } else {
     const T* x = static_cast<const T*>(a.x);
-    for (int f = threadIdx.x; f < a.M * a.H / 4; f += blockDim.x) staged_x_fragment<BITS>(x, a.H, f, bsm);
+    if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+      // 16 bytes per unit, eight units' loads in flight per thread.
+      const int qs = a.H / 32, nu = a.M * qs * 4, colb = staged_col_bytes(a.H);
+      const unsigned char* xb = static_cast<const unsigned char*>(a.x);
+      for (int u0 = 0; u0 < nu; u0 += 8 * int(blockDim.x)) {
+        uint4 w[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int u = u0 + i * int(blockDim.x) + int(threadIdx.x);
+          if (u < nu) w[i] = staged_x_unit_load<BITS>(xb + int64_t(u / (qs * 4)) * a.H * 2, (u >> 2) % qs, u & 3);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int u = u0 + i * int(blockDim.x) + int(threadIdx.x);
+          if (u < nu)
+            *reinterpret_cast<uint4*>(bsm + (u / (qs * 4)) * colb + (((u >> 2) % qs) * 4 + (u & 3)) * 16) =
+                staged_x_unit_order<BITS>(w[i]);
+        }
+      }
+    } else {
+      for (int f = threadIdx.x; f < a.M * a.H / 4; f += blockDim.x) staged_x_fragment<BITS>(x, a.H, f, bsm);
+    }
     for (int f = threadIdx.x; f < staged_zero_bytes<BITS, C>() / 16; f += blockDim.x)
       reinterpret_cast<uint4*>(bsm + a.M * staged_col_bytes(a.H))[f] = make_uint4(0u, 0u, 0u, 0u);
   }
@@ -1794,9 +1842,11 @@ constexpr int kStagedNS = 3;      // stages in flight per warp
 constexpr int kStagedCH = 2;      // accumulator chains per tile
 constexpr int kStagedWarps = 8;   // warps per CTA
 constexpr int kStagedMaxScaleBlock = 4096;  // bytes of one tile's scales (two are buffered per warp)
-constexpr int kStagedMaxX = 34 * 1024;      // bytes of the activations (staged_x_bytes) each CTA builds from
-                                            // x itself (with the 8 warps' rings, two CTAs per SM); larger ones,
-                                            // up to what fits one CTA, staged_x_kernel builds once per call
+constexpr int kStagedMaxX = 72 * 1024;      // bytes of the activations (staged_x_bytes) each CTA builds from
+                                            // x itself; larger ones, up to what fits one CTA, staged_x_kernel
+                                            // builds once per call and each CTA copies flat. H200 (session 5):
+                                            // the CTA's own build wins at 66 KB (H = 4096, M = 8: 94 vs 95 us),
+                                            // the extra launch at 83 KB (H = 2560, M = 16: 144 vs 148 us)
 
 // QHEAD_CUDA_STAGED_MAX_X=<bytes> caps the activations the staged kernel keeps
 // in shared memory (above it the register kernel runs): the bench's and the
@@ -1804,6 +1854,12 @@ constexpr int kStagedMaxX = 34 * 1024;      // bytes of the activations (staged_
 inline int staged_max_x() {
   const char* e = std::getenv("QHEAD_CUDA_STAGED_MAX_X");
   return e && *e ? std::atoi(e) : 1 << 30;
+}
+// QHEAD_CUDA_STAGED_CTA_X=<bytes> replaces kStagedMaxX (0: always the
+// staged_x_kernel launch; the measurement switch between the two builds).
+inline int staged_cta_x() {
+  const char* e = std::getenv("QHEAD_CUDA_STAGED_CTA_X");
+  return e && *e ? std::atoi(e) : kStagedMaxX;
 }
 
 template <int BITS, class T, int C, int GS, bool ASYM, bool TOPK, int NT>
@@ -1821,7 +1877,7 @@ int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
   const int wbytes = staged_warp_bytes<BITS, C, RT, NS, ASYM>(a.groups, sbytes);
   const int xs = staged_x_bytes<BITS, C>(a.H, a.M);
   const size_t base = size_t(xs) + size_t(kWarps) * wbytes;
-  const bool prebuilt = xs > kStagedMaxX;
+  const bool prebuilt = xs > staged_cta_x();
   if (TOPK && prebuilt) return -1;  // the top-k pools need the CTAs that small activations leave
   const int64_t tiles = (a.V + ROWS - 1) / ROWS;
   const int64_t want = (tiles + kWarps - 1) / kWarps;
