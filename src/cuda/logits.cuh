@@ -1849,8 +1849,9 @@ constexpr int kStagedMaxX = 72 * 1024;      // bytes of the activations (staged_
                                             // the extra launch at 83 KB (H = 2560, M = 16: 144 vs 148 us)
 
 // QHEAD_CUDA_STAGED_MAX_X=<bytes> caps the activations the staged kernel keeps
-// in shared memory (above it the register kernel runs): the bench's and the
-// tests' switch between the two; default no cap but the shared memory.
+// in shared memory (above it the register kernel runs; a measurement switch,
+// e.g. 34816 restores session 4's choice); default no cap but the shared
+// memory.
 inline int staged_max_x() {
   const char* e = std::getenv("QHEAD_CUDA_STAGED_MAX_X");
   return e && *e ? std::atoi(e) : 1 << 30;
