@@ -22,10 +22,10 @@
 // Each path: 2 warm-up calls, then timed calls (cfg.reps, or >= 5 and about
 // 1 s), median reported; fused and fused_topk are timed alternately (their
 // ratio is a target, and two separate measurements drift apart by more than
-// the top-k's cost on this shared machine). Every call uses the next of N copies of its table,
-// N chosen so that the copies total >= 2x the LLC (this machine's L3 is
-// 260 MB); when memory forbids that, the row's note says the table may be
-// cache-resident.
+// the top-k's cost on this shared machine). Every call uses the next of N
+// copies of its table, N chosen so that the copies total >= 2x the LLC (this
+// machine's L3 is 260 MB); when memory forbids that, the row's note says the
+// table may be cache-resident.
 #include <cblas.h>
 #include <time.h>
 
@@ -120,31 +120,30 @@ template <class A, class B>
 std::pair<double, double> time_median_pair(int reps, A&& a, B&& b, double* util_a, double* util_b) {
   a(0);
   b(1);
-  std::vector<double> ta, tb;
-  double total = 0.0, cpu_a = 0.0, cpu_b = 0.0, wall_a = 0.0, wall_b = 0.0;
+  struct Side {
+    std::vector<double> t;
+    double cpu = 0.0, wall = 0.0;
+  } sa, sb;
+  auto timed = [](Side& side, auto& call, int i) {  // one timed call; returns its seconds
+    const double c0 = cpu_seconds();
+    const auto t0 = Clock::now();
+    call(i);
+    const double dt = seconds_since(t0);
+    side.cpu += cpu_seconds() - c0;
+    side.wall += dt;
+    side.t.push_back(dt);
+    return dt;
+  };
+  double total = 0.0;
   for (int i = 0;; ++i) {
-    double c0 = cpu_seconds();
-    auto t0 = Clock::now();
-    a(2 * i + 2);
-    double dt = seconds_since(t0);
-    cpu_a += cpu_seconds() - c0;
-    wall_a += dt;
-    ta.push_back(dt);
-    total += dt;
-    c0 = cpu_seconds();
-    t0 = Clock::now();
-    b(2 * i + 3);
-    dt = seconds_since(t0);
-    cpu_b += cpu_seconds() - c0;
-    wall_b += dt;
-    tb.push_back(dt);
-    total += dt;
+    total += timed(sa, a, 2 * i + 2);
+    total += timed(sb, b, 2 * i + 3);
     const int done = i + 1;
     if (reps > 0 ? done >= reps : (done >= 5 && (total > 2.0 || done >= 50))) break;
   }
-  if (util_a) *util_a = cpu_a / wall_a;
-  if (util_b) *util_b = cpu_b / wall_b;
-  return {median(ta), median(tb)};
+  if (util_a) *util_a = sa.cpu / sa.wall;
+  if (util_b) *util_b = sb.cpu / sb.wall;
+  return {median(sa.t), median(sb.t)};
 }
 
 // The read ceiling: bytes / median time of a full pass over `buf`, the

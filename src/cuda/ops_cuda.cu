@@ -384,7 +384,7 @@ __device__ float2 block_lse(float mx, float s, SelectSmem& sm) {
 // One selection level. Block (p, m) takes items [p·S, (p+1)·S) of row m of
 // `in` (n items per row; S = kSelThreads·PER): logits (In = float, id =
 // index) or entries (In = uint64_t) — PER per thread, loaded once into
-// registers — and
+// shared memory — and
 //   level: writes its best k entries → cand[m, p, :] and, for logits, the
 //          slice's (max, Σ exp) → part[m, p];
 //   final (values != nullptr, one block per row): writes the row's top-k
@@ -501,14 +501,6 @@ void launch_select(dim3 grid, const SelectArgs& a, cudaStream_t s) {
   constexpr auto kernel = topk_select_kernel<In, PER>;
   constexpr int bytes = select_smem_bytes<In, PER>();
   cuda_detail::allow_dynamic_smem<kernel>(bytes);
-  // The logits kernels before it run with the largest shared-memory carveout;
-  // asking for the same spares the SMs a reconfiguration between the two.
-  static const bool carve = [] {
-    QHEAD_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          int(cudaSharedmemCarveoutMaxShared)));
-    return true;
-  }();
-  (void)carve;
   kernel<<<grid, kSelThreads, bytes, s>>>(a);
   QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel");
 }
@@ -761,14 +753,12 @@ void topk_impl(const Table& table, const TensorView& x, int64_t k, const TensorV
     if (const int nblk = fused_topk(table, x, k, a)) return merge_topk(a.tk_cand, a.tk_part, nblk, M, k, ov, oi, ol);
   }
   // Otherwise logits into a workspace; slices of logits per block select
-  // their best k, then the same merge. A selection block is a chain of short
-  // phases whose latency hardly depends on its size, so when slices of
-  // kSlice logits would leave most multiprocessors idle (small M; M = 1 on a
-  // 152k vocab is 19 blocks) the first level takes a quarter of that per
-  // block, provided its candidates still fit one final block. Small blocks
-  // also win while their grid is at most two waves (8 resident per SM): on
-  // the H200 a 2048-logit block takes ~8 us, an 8192-logit one ~23 us at
-  // 4 per SM (ncu, docs/performance.md).
+  // their best k, then the same merge. The first level takes slices of a
+  // quarter of kSlice while that grid is at most two waves (8 blocks resident
+  // per SM) and its candidates still fit one final block: on the H200 a
+  // 2048-logit block takes ~8 us, an 8192-logit one ~23 us at 4 per SM (ncu,
+  // docs/performance.md), and at M = 1 on a 152k vocab kSlice slices would
+  // be 19 blocks.
   float* l = static_cast<float*>(workspace(kWsLogits, size_t(M * V) * sizeof(float)));
   if (!try_fused(table, x, l, V, backend)) gemm_fallback(table, x, l, V);
   constexpr int kSmallPer = kSelPer / 4;
