@@ -1852,16 +1852,10 @@ constexpr int kStagedMaxX = 72 * 1024;      // bytes of the activations (staged_
 // in shared memory (above it the register kernel runs; a measurement switch,
 // e.g. 34816 restores session 4's choice); default no cap but the shared
 // memory.
-inline int staged_max_x() {
-  const char* e = std::getenv("QHEAD_CUDA_STAGED_MAX_X");
-  return e && *e ? std::atoi(e) : 1 << 30;
-}
+inline int staged_max_x() { return env_int("QHEAD_CUDA_STAGED_MAX_X", 1 << 30); }
 // QHEAD_CUDA_STAGED_CTA_X=<bytes> replaces kStagedMaxX (0: always the
 // staged_x_kernel launch; the measurement switch between the two builds).
-inline int staged_cta_x() {
-  const char* e = std::getenv("QHEAD_CUDA_STAGED_CTA_X");
-  return e && *e ? std::atoi(e) : kStagedMaxX;
-}
+inline int staged_cta_x() { return env_int("QHEAD_CUDA_STAGED_CTA_X", kStagedMaxX); }
 
 template <int BITS, class T, int C, int GS, bool ASYM, bool TOPK, int NT>
 int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
