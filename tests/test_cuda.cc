@@ -172,8 +172,9 @@ TEST(Cuda, LogitsOtherHidden) {
 }
 
 // Every fused kernel family at every M: the GEMV kernels forced up to M = 256
-// (QHEAD_CUDA_GEMM=0), the mma.sync GEMM and (on sm_90) the wgmma GEMM forced
-// down to M = 1, so each is checked on the shapes the others normally take.
+// (QHEAD_CUDA_GEMM=0), the mma.sync GEMM and (on sm_90) both wgmma GEMMs — the
+// warp-specialized one (v14) and the CTA-barrier one (v11) — forced down to
+// M = 1, so each is checked on the shapes the others normally take.
 struct ScopedEnv {
   std::string name;
   ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
@@ -183,10 +184,14 @@ struct ScopedEnv {
 TEST(Cuda, LogitsGemmAndGemvAtEveryM) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 1700;
-  for (int mode : {0, 1, 2}) {
-    SCOPED_TRACE(mode == 0 ? "GEMV forced" : mode == 1 ? "mma.sync GEMM forced" : "wgmma GEMM forced (sm_90)");
+  for (int mode : {0, 1, 2, 3}) {
+    SCOPED_TRACE(mode == 0   ? "GEMV forced"
+                 : mode == 1 ? "mma.sync GEMM forced"
+                 : mode == 2 ? "warp-specialized wgmma GEMM forced (sm_90)"
+                             : "CTA-barrier wgmma GEMM forced (sm_90)");
     ScopedEnv e1(mode == 0 ? "QHEAD_CUDA_GEMM" : "QHEAD_CUDA_GEMM_MIN_M", mode == 0 ? "0" : "1");
     ScopedEnv e2(mode == 1 ? "QHEAD_CUDA_WGMMA" : "QHEAD_CUDA_WGMMA_MIN_M", mode == 1 ? "0" : "1");
+    ScopedEnv e3(mode == 3 ? "QHEAD_CUDA_WGMMA_WS" : "QHEAD_CUDA_WGMMA_WS_MIN_M", mode == 3 ? "0" : "1");
     for (int bits : {4, 8})
       for (int group : {32, 128, -1})
         for (int64_t M : {1, 3, 8, 16, 17, 33, 64, 65, 256}) {

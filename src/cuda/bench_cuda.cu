@@ -304,6 +304,12 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
           variant("fused_wgmma", "QHEAD_CUDA_GEMM_MIN_M", "1", "QHEAD_CUDA_WGMMA_MIN_M", "1",
                   "the wgmma GEMM (QHEAD_CUDA_GEMM_MIN_M=1 QHEAD_CUDA_WGMMA_MIN_M=1)");
       }
+      if (cuda_detail::device_has_wgmma() && M >= cuda_detail::wgmma_min_m()) {  // the two wgmma kernels
+        variant("fused_wgmma_v11", "QHEAD_CUDA_WGMMA_WS", "0", nullptr, nullptr,
+                "the CTA-barrier wgmma GEMM (QHEAD_CUDA_WGMMA_WS=0)");
+        variant("fused_wgmma_ws", "QHEAD_CUDA_WGMMA_WS_MIN_M", "1", nullptr, nullptr,
+                "the warp-specialized wgmma GEMM (QHEAD_CUDA_WGMMA_WS_MIN_M=1)");
+      }
       const double topk_us = median_us([&](int i) {
         topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(), Backend::kFused);
       }, reps);

@@ -1140,6 +1140,40 @@ struct GemmGeometry {
   static constexpr int SMEM = NS * STAGE;
 };
 
+// A stage's scales and zero points, copied by threads tid < BV (scales: row
+// tid's GPS·sbytes bytes from byte offset soff + g0·sbytes, a 2-byte unit as
+// its aligned 4-byte word, into 16 bytes per row at ss) and tid < BV·BITS/32
+// (zero points: GPS words of word row tid from z + g0, into 16 bytes per
+// word row after the scales). Invalid rows (sok / zok false) zero-fill.
+template <int BITS, int BV, int GPS, bool ASYM>
+__device__ __forceinline__ void copy_scales_zeros(const LogitsArgs& a, uint32_t ss, int64_t soff, bool sok,
+                                                  const uint32_t* z, bool zok, int64_t g0, int tid) {
+  if (tid < BV) {
+    const char* scale = static_cast<const char*>(a.scale);
+    const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+    const uint32_t sd = ss + tid * 16;
+    const int64_t off = soff + g0 * sbytes;
+    switch (GPS * sbytes) {
+      case 2: {
+        const int64_t al = off & ~int64_t(3), s_end = a.V * a.groups * 2;
+        cp_async_n<4>(sd, scale + al, sok ? int(s_end - al < 4 ? s_end - al : 4) : 0);
+        break;
+      }
+      case 4: cp_async_n<4>(sd, scale + off, sok ? 4 : 0); break;
+      case 8: cp_async_n<8>(sd, scale + off, sok ? 8 : 0); break;
+      default: cp_async_n<16>(sd, scale + off, sok ? 16 : 0); break;
+    }
+  }
+  if constexpr (ASYM) {
+    if (tid < BV * BITS / 32) {
+      const uint32_t zd = ss + BV * 16 + tid * 16;
+      if constexpr (GPS == 4) cp_async_n<16>(zd, z + g0, zok ? 16 : 0);
+      else if constexpr (GPS == 2) cp_async_n<8>(zd, z + g0, zok ? 8 : 0);
+      else cp_async_n<4>(zd, z + g0, zok ? 4 : 0);
+    }
+  }
+}
+
 // The copy side of both GEMMs: every thread of the CTA holds its share of a
 // stage's cp.async sources as pointers, set once per unit (start) and moved
 // by constants per stage (copy), so a stage costs each thread ~10 copies and
@@ -1218,30 +1252,7 @@ struct GemmCopier {
       if ((KBST * BM * 2) % kGemmThreads == 0 || tid + kGemmThreads * j < KBST * BM * 2)
         cp_async16(st + Gg::W_BYTES + (tid + kGemmThreads * j) * 16, x + xoff[j], 16);
     x += x_stage;
-    if (tid < BV) {  // scales: GPS·sbytes bytes (a 2-byte unit as its aligned 4-byte word)
-      const char* scale = static_cast<const char*>(a.scale);
-      const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
-      const uint32_t ss = st + Gg::W_BYTES + Gg::X_BYTES + tid * 16;
-      const int64_t off = soff + g0 * sbytes;
-      switch (GPS * sbytes) {
-        case 2: {
-          const int64_t al = off & ~int64_t(3), s_end = a.V * a.groups * 2;
-          cp_async_n<4>(ss, scale + al, sok ? int(s_end - al < 4 ? s_end - al : 4) : 0);
-          break;
-        }
-        case 4: cp_async_n<4>(ss, scale + off, sok ? 4 : 0); break;
-        case 8: cp_async_n<8>(ss, scale + off, sok ? 8 : 0); break;
-        default: cp_async_n<16>(ss, scale + off, sok ? 16 : 0); break;
-      }
-    }
-    if constexpr (ASYM) {  // zero points: GPS words of this thread's word row
-      if (tid < Gg::ZROWS) {
-        const uint32_t zs = st + Gg::W_BYTES + Gg::X_BYTES + Gg::S_BYTES + tid * 16;
-        if constexpr (GPS == 4) cp_async_n<16>(zs, z + g0, zok ? 16 : 0);
-        else if constexpr (GPS == 2) cp_async_n<8>(zs, z + g0, zok ? 8 : 0);
-        else cp_async_n<4>(zs, z + g0, zok ? 4 : 0);
-      }
-    }
+    copy_scales_zeros<BITS, BV, GPS, ASYM>(a, st + Gg::W_BYTES + Gg::X_BYTES, soff, sok, z, zok, g0, tid);
     if constexpr (GS > 0) {
       g0 += GPS;
     } else {
@@ -1250,70 +1261,37 @@ struct GemmCopier {
   }
 };
 
-// The schedule both GEMM kernels share: the CTA's units (row tile, column
-// tile) of a persistent grid, column tile fastest; the copy side, NS − 1
-// stages ahead with one commit group per stage; and the compute side's
-// cursor (unit, its first row and column, stage, the stage's first group;
-// GS == 0: the stage's place in its group).
-template <int BITS, int BV, int BM, int GS, bool ASYM, int NS>
-struct GemmStream {
-  using Gg = GemmGeometry<BITS, BV, BM, ASYM, NS>;
-  static constexpr int GPS = GS > 0 ? Gg::SPS / GS : 1;  // groups a stage touches
+// The compute side's walk through a CTA's units (row tile, column tile) of
+// a persistent grid, column tile fastest: the unit, its first row and
+// column, the stage, the stage's first group (GS == 0: the stage's place in
+// its group). The warp-specialized GEMM's producer walks the same sequence.
+template <int BITS, int BV, int BM, int GS>
+struct GemmCursor {
+  static constexpr int GPS = GS > 0 ? (kGemmC / 16) / GS : 1;  // groups a stage touches
   int nst, nmt, spg;
-  int64_t total, issued;
-  int64_t cu;  // copy side: unit, stage
-  int cks;
-  int64_t u, row0, g0;  // compute side
-  int m0, ks, cgs;
-  uint32_t smem0;
-  const char* xs;
-  GemmCopier<BITS, BV, BM, GS, ASYM> cp;
+  int64_t total;        // stages of all the CTA's units
+  int64_t u, row0, g0;  // unit, its first row, the stage's first group
+  int m0, ks, cgs;      // the unit's first column, stage, place in the group (GS == 0)
 
-  // Sets up and issues the first NS − 1 stages; false when the CTA has no unit.
-  __device__ __forceinline__ bool init(const LogitsArgs& a, int Mpad, uint32_t smem) {
+  // False when the CTA has no unit.
+  __device__ __forceinline__ bool init(const LogitsArgs& a, int Mpad) {
     nst = int(int64_t(a.H) * BITS / 8 / kGemmC);
     nmt = Mpad / BM;
     spg = GS > 0 ? 1 : a.st_spg;
     const int64_t units = (a.V + BV - 1) / BV * nmt;
     const int64_t mine = blockIdx.x < units ? (units - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
-    if (mine == 0) return false;
     total = mine * nst;
-    issued = 0;
-    cu = blockIdx.x;
-    cks = 0;
     u = blockIdx.x;
     row0 = (u / nmt) * BV;
     m0 = int(u % nmt) * BM;
     g0 = 0;
     ks = 0;
     cgs = 0;
-    smem0 = smem;
-    xs = static_cast<const char*>(a.x_frag);
-    cp.init(a, Mpad, spg);
-#pragma unroll
-    for (int d = 0; d < NS - 1; ++d) issue(a, d);
-    return true;
-  }
-  __device__ __forceinline__ void issue(const LogitsArgs& a, int slot) {
-    if (issued < total) {
-      if (cks == 0) cp.start(a, xs, (cu / nmt) * BV, int(cu % nmt) * BM);
-      cp.copy(a, smem0 + slot * Gg::STAGE);
-      if (++cks == nst) { cks = 0; cu += gridDim.x; }
-    }
-    cp_async_commit();
-    ++issued;
-  }
-  // Stage q: waits until it landed for every thread and every warp is done
-  // with stage q − 1 (its slot is refilled here); returns q's slot.
-  __device__ __forceinline__ int begin(const LogitsArgs& a, int64_t q) {
-    cp_async_wait<NS - 2>();
-    __syncthreads();
-    issue(a, int((q + NS - 1) % NS));
-    return int(q % NS);
+    return mine > 0;
   }
   __device__ __forceinline__ bool group_starts() const { return GS > 0 || cgs == 0; }     // (GS == 0) at this stage
   __device__ __forceinline__ bool group_ends() const { return GS > 0 || cgs == spg - 1; }  // (GS == 0) in this stage
-  // After a stage's arithmetic: true when the unit is done (the caller stores, then next_unit()).
+  // After a stage: true when the unit is done (the caller stores, then next_unit()).
   __device__ __forceinline__ bool end_stage() {
     if constexpr (GS == 0) {
       if (++cgs == spg) { cgs = 0; ++g0; }
@@ -1329,6 +1307,50 @@ struct GemmStream {
     u += gridDim.x;
     row0 = (u / nmt) * BV;
     m0 = int(u % nmt) * BM;
+  }
+};
+
+// The schedule the two CTA-barrier GEMM kernels share: the cursor, plus the
+// copy side NS − 1 stages ahead with one commit group per stage.
+template <int BITS, int BV, int BM, int GS, bool ASYM, int NS>
+struct GemmStream : GemmCursor<BITS, BV, BM, GS> {
+  using Gg = GemmGeometry<BITS, BV, BM, ASYM, NS>;
+  int64_t issued;
+  int64_t cu;  // copy side: unit, stage
+  int cks;
+  uint32_t smem0;
+  const char* xs;
+  GemmCopier<BITS, BV, BM, GS, ASYM> cp;
+
+  // Sets up and issues the first NS − 1 stages; false when the CTA has no unit.
+  __device__ __forceinline__ bool init(const LogitsArgs& a, int Mpad, uint32_t smem) {
+    if (!GemmCursor<BITS, BV, BM, GS>::init(a, Mpad)) return false;
+    issued = 0;
+    cu = blockIdx.x;
+    cks = 0;
+    smem0 = smem;
+    xs = static_cast<const char*>(a.x_frag);
+    cp.init(a, Mpad, this->spg);
+#pragma unroll
+    for (int d = 0; d < NS - 1; ++d) issue(a, d);
+    return true;
+  }
+  __device__ __forceinline__ void issue(const LogitsArgs& a, int slot) {
+    if (issued < this->total) {
+      if (cks == 0) cp.start(a, xs, (cu / this->nmt) * BV, int(cu % this->nmt) * BM);
+      cp.copy(a, smem0 + slot * Gg::STAGE);
+      if (++cks == this->nst) { cks = 0; cu += gridDim.x; }
+    }
+    cp_async_commit();
+    ++issued;
+  }
+  // Stage q: waits until it landed for every thread and every warp is done
+  // with stage q − 1 (its slot is refilled here); returns q's slot.
+  __device__ __forceinline__ int begin(const LogitsArgs& a, int64_t q) {
+    cp_async_wait<NS - 2>();
+    __syncthreads();
+    issue(a, int((q + NS - 1) % NS));
+    return int(q % NS);
   }
 };
 
@@ -1551,7 +1573,21 @@ __device__ __forceinline__ void wgmma_n128(float (&c)[16][4], const uint32_t (&a
 // tiles of BM), 32 bytes at ((kb·Mpad/BM + m/BM)·2 + kc)·BM·16 + (m % BM)·16
 // + 2·i hold x[m, h] for k-slot kc·8 + i, with h the k-slot's position in the
 // codes (the lane t = i/2 and value e = i%2 + 2·kc of Geometry<BITS, 4>).
-template <int BITS, class T>
+// The activations of a stage in the wgmma B layout with 128-byte swizzle,
+// K-major: column n's k-slots of k-blocks 4r .. 4r + 3 are one 128-byte row
+// (16-byte chunk c = 2·(kb % 4) + k-half), eight columns one 1024-byte atom,
+// the chunk index XORed with n % 8 (the hardware's pattern: address bits 4-6
+// ^= bits 7-9), the k-regions r BM·128 bytes apart. Byte offset of (k-block
+// kb of the stage, k-half kc, column n) from the stage's activation base.
+__device__ __forceinline__ uint32_t wgmma_ws_x_offset(int BM, int kb, int kc, int n) {
+  return uint32_t((kb / 4) * BM * 128 + (n / 8) * 1024 + (n % 8) * 128 + (((2 * (kb % 4) + kc) ^ (n % 8)) << 4));
+}
+
+// SW = KBST > 0 (the warp-specialized kernel): instead, each stage's
+// KBST k-blocks of a column tile are one contiguous block of KBST·BM·32 bytes
+// at ((kb / KBST)·(Mpad/BM) + mt)·KBST·BM·32, laid out as wgmma_ws_x_offset
+// (128-byte swizzle), so that the kernel copies a stage flat.
+template <int BITS, class T, int KBST = 0>
 __global__ void permute_x_wg_kernel(const T* __restrict__ x, T* __restrict__ xw, int M, int Mpad, int BM, int H) {
   using Gm = Geometry<BITS, 4>;
   const int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // one 16-byte unit
@@ -1572,7 +1608,89 @@ __global__ void permute_x_wg_kernel(const T* __restrict__ x, T* __restrict__ xw,
     const int tt = i / 2, e = (i % 2) + 2 * kc;
     o.v[i] = m < M ? x[int64_t(m) * H + hword + tt * Gm::HW + Gm::h_of(kb % Gm::KBC, e)] : Act<T>::from_float(0.0f);
   }
-  reinterpret_cast<uint4*>(xw)[f] = o.u;
+  if constexpr (KBST > 0) {
+    const int64_t off = (int64_t(kb / KBST) * nmt + mt) * KBST * BM * 32 + wgmma_ws_x_offset(BM, kb % KBST, kc, nl);
+    *reinterpret_cast<uint4*>(reinterpret_cast<char*>(xw) + off) = o.u;
+  } else {
+    reinterpret_cast<uint4*>(xw)[f] = o.u;
+  }
+}
+
+// One stage of a wgmma GEMM CTA (both kernels): warp wic (0..7) of the
+// consumer warpgroups dequantizes its rows wic·16 + {g, g+8} of the stage at
+// shared address stu (generic pointer stp), its warpgroup (wic / 4) issues
+// the wgmmas of its 64 rows × BN columns per group into cacc (scale-d = 0 at
+// a group's start), waits for them, and folds each finished group into acc
+// with the group's scales. On return no wgmma of this stage is in flight and
+// the warp has read everything of the slot it will read.
+template <int BITS, class T, int BN, int GS, bool ASYM, int NS, bool SW128, class Cursor>
+__device__ __forceinline__ void wgmma_stage(const LogitsArgs& a, const Cursor& cur, uint64_t desc_hi, uint32_t stu,
+                                            const unsigned char* stp, int wic, int lane, float (&acc)[1][BN / 8][4],
+                                            float (&cacc)[1][BN / 8][4], uint32_t (&bias)[1][2], uint32_t (&bias16)[1][2],
+                                            float (&zoff)[1][2]) {
+  constexpr int BV = 128, BM = BN, NT = BN / 8;
+  using Gg = GemmGeometry<BITS, BV, BM, ASYM, NS>;
+  constexpr int SPS = Gg::SPS, KBS = Gg::KBS, P = Gg::P;
+  constexpr int GPS = GS > 0 ? SPS / GS : 1;
+  constexpr int SEGS = GS > 0 ? GS : SPS;  // segments of one group inside a stage
+  const int g = lane >> 2;
+  const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
+  uint32_t w[SPS][2];
+  {
+    const uint32_t wb = stu + (wic * 16) * P;
+#pragma unroll
+    for (int sp = 0; sp < SPS / 2; ++sp)
+      ldmatrix_x4(wb + sp * 32 + lane_off, w[2 * sp][0], w[2 * sp][1], w[2 * sp + 1][0], w[2 * sp + 1][1]);
+  }
+  const uint32_t xb = stu + Gg::W_BYTES;
+  const unsigned char* ss = stp + Gg::W_BYTES + Gg::X_BYTES;
+  const uint32_t* zs = reinterpret_cast<const uint32_t*>(stp + Gg::W_BYTES + Gg::X_BYTES + Gg::S_BYTES);
+  const int64_t row0 = cur.row0, g0 = cur.g0;
+#pragma unroll
+  for (int gi = 0; gi < GPS; ++gi) {
+    const bool gstart = cur.group_starts();
+    const bool gend = cur.group_ends();
+    if constexpr (ASYM) {
+      if (gstart) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          set_bias<BITS, T>(gemm_zero<BITS>(zs, wic * 16 + h * 8 + g, gi), bias[0][h], bias16[0][h], zoff[0][h]);
+      }
+    }
+    uint32_t A[SEGS * KBS][4];
+#pragma unroll
+    for (int sl = 0; sl < SEGS; ++sl)
+#pragma unroll
+      for (int j = 0; j < KBS; ++j) {
+        const int sg = gi * SEGS + sl;
+        uint32_t* Ak = A[sl * KBS + j];
+        Ak[0] = dequant_pair<BITS, T>(w[sg][0], j, 0, bias[0][0], bias16[0][0], zoff[0][0]);
+        Ak[1] = dequant_pair<BITS, T>(w[sg][1], j, 0, bias[0][1], bias16[0][1], zoff[0][1]);
+        Ak[2] = dequant_pair<BITS, T>(w[sg][0], j, 1, bias[0][0], bias16[0][0], zoff[0][0]);
+        Ak[3] = dequant_pair<BITS, T>(w[sg][1], j, 1, bias[0][1], bias16[0][1], zoff[0][1]);
+      }
+    fence_regs<NT>(cacc[0]);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < SEGS * KBS; ++kk) {
+      const int kb = gi * SEGS * KBS + kk;
+      // k-block kb's B: no swizzle, BM·32 bytes per k-block; 128-byte swizzle (SW128), four
+      // k-blocks per 128-byte row of a column, BM·128 bytes per such k-region (wgmma_ws_x_offset).
+      const uint32_t kaddr = SW128 ? xb + (kb / 4) * BM * 128 + (kb % 4) * 32 : xb + kb * BM * 32;
+      const uint64_t desc = desc_hi | uint64_t((kaddr & 0x3FFFF) >> 4);
+      const int scale_d = (kk > 0 || !gstart) ? 1 : 0;
+      if constexpr (BN == 128) wgmma_n128<T>(cacc[0], A[kk], desc, scale_d);
+      else wgmma_n64<T>(cacc[0], A[kk], desc, scale_d);
+    }
+    wgmma_commit();
+    wgmma_wait0();  // A registers and the stage free; cacc final for this stage
+    fence_regs<NT>(cacc[0]);
+    if (gend) {
+      const float s0 = gemm_scale<GPS>(a, ss, wic * 16 + g, gi, row0, g0);
+      const float s1 = gemm_scale<GPS>(a, ss, wic * 16 + 8 + g, gi, row0, g0);
+      fold_group<NT>(acc[0], cacc[0], s0, s1);
+    }
+  }
 }
 
 template <int BITS, class T, int BN, int GS, bool ASYM, int MINB>
@@ -1580,17 +1698,12 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BV = 128, BM = BN, NT = BN / 8, NS = gemm_stages<MINB>();
   using Gg = GemmGeometry<BITS, BV, BM, ASYM, NS>;
-  constexpr int SPS = Gg::SPS, KBS = Gg::KBS, P = Gg::P;
-  constexpr int GPS = GS > 0 ? SPS / GS : 1;
-  constexpr int SEGS = GS > 0 ? GS : SPS;  // segments of one group inside a stage
   const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t = lane & 3, wic = tid >> 5;
   extern __shared__ __align__(128) unsigned char wg_smem[];
   GemmStream<BITS, BV, BM, GS, ASYM, NS> st;
   if (!st.init(a, Mpad, smem_u32(wg_smem))) return;
   const uint32_t smem0 = st.smem0;
 
-  // Warp wic's rows of the 128-row tile: wic·16 + {g, g+8} (warpgroup wic/4 issues its 64 rows).
-  const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
   float acc[1][NT][4], cacc[1][NT][4];  // [1]: the one row tile (the shared helpers take [R][NT][4])
   zero_acc(acc);
   uint32_t bias[1][2], bias16[1][2];
@@ -1599,67 +1712,171 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
 
   for (int64_t q = 0; q < st.total; ++q) {
     const int slot = st.begin(a, q);  // every warpgroup's wgmmas on stage q − 1 completed (waited below)
-    const unsigned char* stp = wg_smem + slot * Gg::STAGE;
-    uint32_t w[SPS][2];
-    {
-      const uint32_t wb = smem0 + slot * Gg::STAGE + (wic * 16) * P;
-#pragma unroll
-      for (int sp = 0; sp < SPS / 2; ++sp)
-        ldmatrix_x4(wb + sp * 32 + lane_off, w[2 * sp][0], w[2 * sp][1], w[2 * sp + 1][0], w[2 * sp + 1][1]);
-    }
-    const uint32_t xb = smem0 + slot * Gg::STAGE + Gg::W_BYTES;
-    const unsigned char* ss = stp + Gg::W_BYTES + Gg::X_BYTES;
-    const uint32_t* zs = reinterpret_cast<const uint32_t*>(stp + Gg::W_BYTES + Gg::X_BYTES + Gg::S_BYTES);
-    const int64_t row0 = st.row0, g0 = st.g0;
-#pragma unroll
-    for (int gi = 0; gi < GPS; ++gi) {
-      const bool gstart = st.group_starts();
-      const bool gend = st.group_ends();
-      if constexpr (ASYM) {
-        if (gstart) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            set_bias<BITS, T>(gemm_zero<BITS>(zs, wic * 16 + h * 8 + g, gi), bias[0][h], bias16[0][h], zoff[0][h]);
-        }
-      }
-      uint32_t A[SEGS * KBS][4];
-#pragma unroll
-      for (int sl = 0; sl < SEGS; ++sl)
-#pragma unroll
-        for (int j = 0; j < KBS; ++j) {
-          const int sg = gi * SEGS + sl;
-          uint32_t* Ak = A[sl * KBS + j];
-          Ak[0] = dequant_pair<BITS, T>(w[sg][0], j, 0, bias[0][0], bias16[0][0], zoff[0][0]);
-          Ak[1] = dequant_pair<BITS, T>(w[sg][1], j, 0, bias[0][1], bias16[0][1], zoff[0][1]);
-          Ak[2] = dequant_pair<BITS, T>(w[sg][0], j, 1, bias[0][0], bias16[0][0], zoff[0][0]);
-          Ak[3] = dequant_pair<BITS, T>(w[sg][1], j, 1, bias[0][1], bias16[0][1], zoff[0][1]);
-        }
-      fence_regs<NT>(cacc[0]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < SEGS * KBS; ++kk) {
-        const int kb = gi * SEGS * KBS + kk;
-        const uint64_t desc = desc_hi | uint64_t(((xb + kb * BM * 32) & 0x3FFFF) >> 4);
-        const int scale_d = (kk > 0 || !gstart) ? 1 : 0;
-        if constexpr (BN == 128) wgmma_n128<T>(cacc[0], A[kk], desc, scale_d);
-        else wgmma_n64<T>(cacc[0], A[kk], desc, scale_d);
-      }
-      wgmma_commit();
-      wgmma_wait0();  // A registers and the stage free; cacc final for this stage
-      fence_regs<NT>(cacc[0]);
-      if (gend) {
-        const float s0 = gemm_scale<GPS>(a, ss, wic * 16 + g, gi, row0, g0);
-        const float s1 = gemm_scale<GPS>(a, ss, wic * 16 + 8 + g, gi, row0, g0);
-        fold_group<NT>(acc[0], cacc[0], s0, s1);
-      }
-    }
+    wgmma_stage<BITS, T, BN, GS, ASYM, NS, false>(a, st, desc_hi, smem0 + slot * Gg::STAGE, wg_smem + slot * Gg::STAGE, wic, lane,
+                                           acc, cacc, bias, bias16, zoff);
     if (st.end_stage()) {  // the unit is done: accumulators → out
-      store_tile<1, NT>(a, acc, row0 + wic * 16, st.m0, g, t);
+      store_tile<1, NT>(a, acc, st.row0 + wic * 16, st.m0, g, t);
       zero_acc(acc);
       st.next_unit();
     }
   }
   cp_async_wait<0>();
+#endif
+}
+
+// ---- v14: the warp-specialized wgmma GEMM (sm_90a) -----------------------------------------
+//
+// Why. The v11 kernel's eight warps meet at a CTA barrier every stage and
+// both warpgroups wait for their wgmmas at every group end, so they dequantize,
+// multiply and fold in lockstep: at M = 256 the tensor cores were busy
+// ~16–25 % of the time (docs/performance.md, session 3). Here one warpgroup
+// only copies (cp.async, completion signalled on a per-slot "full" mbarrier)
+// and the two consumer warpgroups never meet: each waits for a slot to be
+// full, runs the same stage arithmetic as v11 (wgmma_stage: same bytes, same
+// exact per-group fold) and marks it free on the slot's "empty" mbarrier
+// (one arrival per consumer warp), so one warpgroup's dequant and fold
+// overlap the other's wgmmas. The producer gives up registers to the
+// consumers (setmaxnreg). CTA: 384 threads, 128 rows × BN columns, one per SM.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(bar) : "memory");
+}
+// Waits until the phase with this parity of the barrier completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WAIT;\n}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Arrives on the barrier once every cp.async this thread issued so far has landed.
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+#endif
+}
+template <int R>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+#endif
+}
+
+constexpr int kWsThreads = 384;         // producer warpgroup + two consumer warpgroups
+constexpr int kWsSmem = 200 * 1024;     // stage ring budget (of 227 KB per block)
+template <int BITS, int BN, bool ASYM>
+constexpr int ws_stage_bytes() {  // a GemmGeometry stage rounded up to whole 1024-byte swizzle atoms
+  return (GemmGeometry<BITS, 128, BN, ASYM, 1>::STAGE + 1023) / 1024 * 1024;
+}
+template <int BITS, int BN, bool ASYM>
+constexpr int ws_stages() {
+  constexpr int n = kWsSmem / ws_stage_bytes<BITS, BN, ASYM>();
+  return n < 6 ? n : 6;
+}
+template <int BITS, int BN, bool ASYM>
+constexpr int ws_smem_bytes() {  // the ring + alignment slack
+  return ws_stages<BITS, BN, ASYM>() * ws_stage_bytes<BITS, BN, ASYM>() + 1024;
+}
+
+template <int BITS, class T, int BN, int GS, bool ASYM>
+__global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const LogitsArgs a, int Mpad, uint64_t desc_hi) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int BV = 128, BM = BN, NT = BN / 8, NS = ws_stages<BITS, BN, ASYM>();
+  using Gg = GemmGeometry<BITS, BV, BM, ASYM, NS>;
+  constexpr int SPS = Gg::SPS, KBST = Gg::KBST, P = Gg::P, STAGE = ws_stage_bytes<BITS, BN, ASYM>();
+  constexpr int GPS = GS > 0 ? SPS / GS : 1;
+  static_assert(NS >= 2 && (2 * BM) % 128 == 0 && KBST % 4 == 0 && Gg::W_BYTES % 1024 == 0,
+                "ring of at least two stages; whole 128-thread activation rounds; 1024-byte swizzle atoms");
+  extern __shared__ __align__(128) unsigned char ws_smem[];
+  __shared__ __align__(8) uint64_t bars[2 * NS];  // full[0, NS), empty[NS, 2·NS)
+  const int tid = threadIdx.x;
+  // The ring starts at a 1024-byte boundary (the swizzle pattern is taken from address bits 7-9).
+  const uint32_t smem0 = (smem_u32(ws_smem) + 1023u) & ~1023u, full0 = smem_u32(bars), empty0 = full0 + NS * 8;
+  unsigned char* const sbase = ws_smem + (smem0 - smem_u32(ws_smem));
+  if (tid == 0) {
+    for (int i = 0; i < NS; ++i) {
+      mbar_init(full0 + i * 8, 128);  // the producer's 128 threads, each once its copies landed
+      mbar_init(empty0 + i * 8, 8);   // the 8 consumer warps, each once done with the slot
+    }
+  }
+  __syncthreads();
+  GemmCursor<BITS, BV, BM, GS> cur;
+  if (!cur.init(a, Mpad)) return;
+
+  if (tid < 128) {  // producer warpgroup: thread tid copies code row tid of each stage
+    setmaxnreg_dec<40>();
+    const int64_t row_bytes = int64_t(a.H) * BITS / 8;
+    const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+    const char* wp = nullptr;
+    const char* xp = nullptr;
+    int wn = 0;
+    int64_t soff = 0;
+    bool sok = false, zok = false;
+    const uint32_t* z = nullptr;
+    int slot = 0;
+    uint32_t phase = 0;
+    for (int64_t q = 0; q < cur.total; ++q) {
+      if (q >= NS) mbar_wait(empty0 + slot * 8, phase ^ 1u);  // the slot's previous use was consumed
+      if (cur.ks == 0) {  // a new unit: this thread's row, scale row, zero-point word row, column tile
+        const int64_t row = cur.row0 + tid;
+        sok = row < a.V;
+        wp = reinterpret_cast<const char*>(a.packed) + (sok ? row : 0) * row_bytes;
+        wn = sok ? 16 : 0;  // rows past V: zero-filled from an in-range address
+        soff = (sok ? row : 0) * a.groups * sbytes;
+        if constexpr (ASYM) {
+          const int64_t wr = cur.row0 * BITS / 32 + tid;
+          zok = tid < Gg::ZROWS && wr < (a.V * BITS + 31) / 32;
+          z = a.zp + (zok ? wr : 0) * a.groups;
+        }
+        xp = static_cast<const char*>(a.x_frag) + int64_t(cur.m0 / BM) * Gg::X_BYTES;  // permute_x_wg_kernel<.., KBST>
+      }
+      const uint32_t st = smem0 + slot * STAGE;
+#pragma unroll
+      for (int sp = 0; sp < SPS; ++sp) cp_async16(st + tid * P + sp * 16, wp + sp * 16, wn);
+      wp += kGemmC;
+#pragma unroll
+      for (int i = 0; i < Gg::X_BYTES / 16 / 128; ++i)  // the stage's activations: one block, laid out already
+        cp_async16(st + Gg::W_BYTES + (i * 128 + tid) * 16, xp + (i * 128 + tid) * 16, 16);
+      xp += int64_t(Mpad / BM) * Gg::X_BYTES;
+      copy_scales_zeros<BITS, BV, GPS, ASYM>(a, st + Gg::W_BYTES + Gg::X_BYTES, soff, sok, z, zok, cur.g0, tid);
+      cp_async_mbar_arrive(full0 + slot * 8);
+      if (cur.end_stage()) cur.next_unit();
+      if (++slot == NS) { slot = 0; phase ^= 1u; }
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+  } else {  // consumer warpgroups: warp wic = 0..7 of rows wic·16 + {g, g+8}
+    setmaxnreg_inc<232>();
+    const int ctid = tid - 128, lane = ctid & 31, g = lane >> 2, t = lane & 3, wic = ctid >> 5;
+    float acc[1][NT][4], cacc[1][NT][4];
+    zero_acc(acc);
+    uint32_t bias[1][2], bias16[1][2];
+    float zoff[1][2];
+    init_bias<BITS, T>(bias, bias16, zoff);
+    int slot = 0;
+    uint32_t phase = 0;
+    for (int64_t q = 0; q < cur.total; ++q) {
+      mbar_wait(full0 + slot * 8, phase);
+      // cp.async wrote the slot through the generic proxy; the wgmmas read it through the async proxy.
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      wgmma_stage<BITS, T, BN, GS, ASYM, NS, true>(a, cur, desc_hi, smem0 + slot * STAGE, sbase + slot * STAGE,
+                                             wic, lane, acc, cacc, bias, bias16, zoff);
+      __syncwarp();
+      if (lane == 0) mbar_arrive(empty0 + slot * 8);
+      if (cur.end_stage()) {
+        store_tile<1, NT>(a, acc, cur.row0 + wic * 16, cur.m0, g, t);
+        zero_acc(acc);
+        cur.next_unit();
+      }
+      if (++slot == NS) { slot = 0; phase ^= 1u; }
+    }
+  }
 #endif
 }
 
@@ -1734,12 +1951,37 @@ void launch_wgmma_cfg(const LogitsArgs& a, cudaStream_t s) {
       static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, BN, a.H);
   QHEAD_CUDA_CHECK_LAUNCH("permute_x_wg_kernel");
   // B descriptor without the start address: LBO = BN·16 bytes (the k-halves), SBO = 128 bytes, no swizzle.
-  uint64_t lbo = uint64_t(BN * 16) >> 4, sbo = 128 >> 4;
-  if (env_int("QHEAD_WGMMA_DESC_SWAP", 0)) std::swap(lbo, sbo);
-  const uint64_t desc_hi = (lbo << 16) | (sbo << 32);
+  const uint64_t desc_hi = (uint64_t(BN * 16 >> 4) << 16) | (uint64_t(128 >> 4) << 32);
   const int64_t units = (a.V + BV - 1) / BV * (Mpad / BN);
   kernel<<<unsigned(std::min<int64_t>(units, int64_t(sm_count()) * MINB)), kGemmThreads, Gg::SMEM, s>>>(a, Mpad, desc_hi);
   QHEAD_CUDA_CHECK_LAUNCH("logits_wgmma_kernel");
+}
+
+template <int BITS, class T, int BN, int GS, bool ASYM>
+void launch_wgmma_ws_cfg(const LogitsArgs& a, cudaStream_t s) {
+  constexpr int BV = 128;
+  constexpr int SMEM = ws_smem_bytes<BITS, BN, ASYM>();
+  constexpr auto kernel = logits_wgmma_ws_kernel<BITS, T, BN, GS, ASYM>;
+  allow_dynamic_smem<kernel>(SMEM);
+  const int Mpad = (a.M + BN - 1) / BN * BN;
+  const int64_t nunits = int64_t(a.H / 16) * Mpad * 2;
+  permute_x_wg_kernel<BITS, T, GemmGeometry<BITS, BV, BN, ASYM>::KBST><<<static_cast<unsigned>((nunits + 255) / 256), 256, 0, s>>>(
+      static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, BN, a.H);
+  QHEAD_CUDA_CHECK_LAUNCH("permute_x_wg_kernel");
+  // B descriptor without the start address: 128-byte swizzle (layout type 1), SBO = 1024 bytes
+  // between 8-column atoms, LBO unused (1).
+  const uint64_t desc_hi = (uint64_t(1) << 62) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 16);
+  const int64_t units = (a.V + BV - 1) / BV * (Mpad / BN);
+  kernel<<<unsigned(std::min<int64_t>(units, int64_t(sm_count()))), kWsThreads, SMEM, s>>>(a, Mpad, desc_hi);
+  QHEAD_CUDA_CHECK_LAUNCH("logits_wgmma_ws_kernel");
+}
+
+// Which wgmma kernel: the warp-specialized one (v14) from M = kWgmmaWsMinM
+// (QHEAD_CUDA_WGMMA_WS=0: never, QHEAD_CUDA_WGMMA_WS_MIN_M=n: from n), else v11.
+constexpr int kWgmmaWsMinM = 65;
+inline int wgmma_ws_min_m() {
+  if (env_int("QHEAD_CUDA_WGMMA_WS", 1) == 0) return 1 << 30;
+  return std::max(1, env_int("QHEAD_CUDA_WGMMA_WS_MIN_M", kWgmmaWsMinM));
 }
 
 // A GEMM for this shape (wgmma on sm_90, else mma.sync), or false (the GEMV
@@ -1760,8 +2002,12 @@ bool launch_gemm(LogitsArgs& a, cudaStream_t s) {
       // 128 rows × 64 columns (two CTAs per SM) up to M = 64, 128 × 128 above. Measured
       // slower on the H200 (docs/performance.md): 256-row tiles (two per warpgroup) at M = 64
       // and 256, and 64-column tiles at M = 256.
-      if (a.M <= 64)
+      const bool ws = a.M >= wgmma_ws_min_m();
+      if (a.M <= 64) {
+        if (ws) return asym ? launch_wgmma_ws_cfg<BITS, T, 64, GS, true>(a, s) : launch_wgmma_ws_cfg<BITS, T, 64, GS, false>(a, s);
         return asym ? launch_wgmma_cfg<BITS, T, 64, GS, true>(a, s) : launch_wgmma_cfg<BITS, T, 64, GS, false>(a, s);
+      }
+      if (ws) return asym ? launch_wgmma_ws_cfg<BITS, T, 128, GS, true>(a, s) : launch_wgmma_ws_cfg<BITS, T, 128, GS, false>(a, s);
       return asym ? launch_wgmma_cfg<BITS, T, 128, GS, true>(a, s) : launch_wgmma_cfg<BITS, T, 128, GS, false>(a, s);
     }
     if (a.M <= 32) return asym ? launch_gemm_cfg<BITS, T, 4, GS, true>(a, s) : launch_gemm_cfg<BITS, T, 4, GS, false>(a, s);
