@@ -238,6 +238,21 @@ __device__ __forceinline__ void fold_group(float (&acc)[NT][4], const float (&ca
 template <int RT, int NT>
 __device__ __forceinline__ void store_tile(const LogitsArgs& a, const float (&acc)[RT][NT][4], int64_t row0, int m0,
                                            int g, int t) {
+  if (row0 + RT * 16 <= a.V && m0 + NT * 8 <= a.M) {  // a whole tile: no bounds, one pointer per column pair
+    float* p = a.out + int64_t(m0 + 2 * t) * a.ldo + row0 + g;
+#pragma unroll
+    for (int n = 0; n < NT; ++n, p += 8 * a.ldo) {
+      float* p1 = p + a.ldo;
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        p[r * 16] = acc[r][n][0];
+        p1[r * 16] = acc[r][n][1];
+        p[r * 16 + 8] = acc[r][n][2];
+        p1[r * 16 + 8] = acc[r][n][3];
+      }
+    }
+    return;
+  }
 #pragma unroll
   for (int r = 0; r < RT; ++r) {
     const int64_t ra = row0 + r * 16 + g, rb = ra + 8;
@@ -1531,6 +1546,14 @@ __device__ __forceinline__ void fence_regs(float (&c)[NT][4]) {  // keep the com
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(c[n][e])::"memory");
 }
 
+template <int NB>
+__device__ __forceinline__ void keep_regs(uint32_t (&r)[NB][4]) {  // the compiler must keep r allocated up to here
+#pragma unroll
+  for (int i = 0; i < NB; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(r[i][e])::"memory");
+}
+
 template <class T>
 __device__ __forceinline__ void wgmma_n64(float (&c)[8][4], const uint32_t (&a)[4], uint64_t desc, int scale_d) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -1623,7 +1646,7 @@ __global__ void permute_x_wg_kernel(const T* __restrict__ x, T* __restrict__ xw,
 // a group's start), waits for them, and folds each finished group into acc
 // with the group's scales. On return no wgmma of this stage is in flight and
 // the warp has read everything of the slot it will read.
-template <int BITS, class T, int BN, int GS, bool ASYM, int NS, bool SW128, class Cursor>
+template <int BITS, class T, int BN, int GS, bool ASYM, int NS, class Cursor>
 __device__ __forceinline__ void wgmma_stage(const LogitsArgs& a, const Cursor& cur, uint64_t desc_hi, uint32_t stu,
                                             const unsigned char* stp, int wic, int lane, float (&acc)[1][BN / 8][4],
                                             float (&cacc)[1][BN / 8][4], uint32_t (&bias)[1][2], uint32_t (&bias16)[1][2],
@@ -1674,10 +1697,7 @@ __device__ __forceinline__ void wgmma_stage(const LogitsArgs& a, const Cursor& c
 #pragma unroll
     for (int kk = 0; kk < SEGS * KBS; ++kk) {
       const int kb = gi * SEGS * KBS + kk;
-      // k-block kb's B: no swizzle, BM·32 bytes per k-block; 128-byte swizzle (SW128), four
-      // k-blocks per 128-byte row of a column, BM·128 bytes per such k-region (wgmma_ws_x_offset).
-      const uint32_t kaddr = SW128 ? xb + (kb / 4) * BM * 128 + (kb % 4) * 32 : xb + kb * BM * 32;
-      const uint64_t desc = desc_hi | uint64_t((kaddr & 0x3FFFF) >> 4);
+      const uint64_t desc = desc_hi | uint64_t(((xb + kb * BM * 32) & 0x3FFFF) >> 4);
       const int scale_d = (kk > 0 || !gstart) ? 1 : 0;
       if constexpr (BN == 128) wgmma_n128<T>(cacc[0], A[kk], desc, scale_d);
       else wgmma_n64<T>(cacc[0], A[kk], desc, scale_d);
@@ -1712,7 +1732,7 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
 
   for (int64_t q = 0; q < st.total; ++q) {
     const int slot = st.begin(a, q);  // every warpgroup's wgmmas on stage q − 1 completed (waited below)
-    wgmma_stage<BITS, T, BN, GS, ASYM, NS, false>(a, st, desc_hi, smem0 + slot * Gg::STAGE, wg_smem + slot * Gg::STAGE, wic, lane,
+    wgmma_stage<BITS, T, BN, GS, ASYM, NS>(a, st, desc_hi, smem0 + slot * Gg::STAGE, wg_smem + slot * Gg::STAGE, wic, lane,
                                            acc, cacc, bias, bias16, zoff);
     if (st.end_stage()) {  // the unit is done: accumulators → out
       store_tile<1, NT>(a, acc, st.row0 + wic * 16, st.m0, g, t);
@@ -1853,29 +1873,122 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
     asm volatile("cp.async.wait_all;" ::: "memory");
   } else {  // consumer warpgroups: warp wic = 0..7 of rows wic·16 + {g, g+8}
     setmaxnreg_inc<232>();
+    constexpr int KBS = Gg::KBS, SEGS = GS > 0 ? GS : SPS;  // segments of one group inside a stage
+    constexpr int NB = SEGS * KBS;  // k-blocks of a batch: one group's part of a stage
     const int ctid = tid - 128, lane = ctid & 31, g = lane >> 2, t = lane & 3, wic = ctid >> 5;
+    const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
     float acc[1][NT][4], cacc[1][NT][4];
     zero_acc(acc);
     uint32_t bias[1][2], bias16[1][2];
     float zoff[1][2];
     init_bias<BITS, T>(bias, bias16, zoff);
+    uint32_t A[2][NB][4];  // two batches' A fragments: one dequantized while the other's wgmmas run
+    // The batch in flight and what completing it takes: fold (its group ends; scales read at
+    // issue), release its slot (the stage's last batch), store (the unit's last stage).
+    bool p_fold = false, p_release = false, p_store = false, store_now = false;
+    float p_s0 = 0.0f, p_s1 = 0.0f;
+    int p_slot = 0, p_m0 = 0;
+    int64_t p_row0 = 0;
+    auto complete = [&] {  // wait0 on every path, also with nothing in flight (ptxas tracks the paths)
+      wgmma_wait0();
+      fence_regs<NT>(cacc[0]);
+      keep_regs<NB>(A[0]);  // the in-flight wgmmas read their A registers until here
+      keep_regs<NB>(A[1]);
+      if (p_fold) fold_group<NT>(acc[0], cacc[0], p_s0, p_s1);
+      if (p_release) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(empty0 + p_slot * 8);
+      }
+      store_now = p_store;  // stored after the next batch is issued, under its wgmmas
+      p_fold = p_release = p_store = false;
+    };
+    auto store = [&] {
+      store_tile<1, NT>(a, acc, p_row0 + wic * 16, p_m0, g, t);
+      zero_acc(acc);
+      store_now = false;
+    };
     int slot = 0;
     uint32_t phase = 0;
-    for (int64_t q = 0; q < cur.total; ++q) {
+    // One stage; B0: the A set of its first batch (batches alternate sets across stages).
+    auto stage = [&](auto b0) {
       mbar_wait(full0 + slot * 8, phase);
       // cp.async wrote the slot through the generic proxy; the wgmmas read it through the async proxy.
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      wgmma_stage<BITS, T, BN, GS, ASYM, NS, true>(a, cur, desc_hi, smem0 + slot * STAGE, sbase + slot * STAGE,
-                                             wic, lane, acc, cacc, bias, bias16, zoff);
-      __syncwarp();
-      if (lane == 0) mbar_arrive(empty0 + slot * 8);
+      const uint32_t stu = smem0 + slot * STAGE;
+      const unsigned char* stp = sbase + slot * STAGE;
+      uint32_t w[SPS][2];
+#pragma unroll
+      for (int sp = 0; sp < SPS / 2; ++sp)
+        ldmatrix_x4(stu + (wic * 16) * P + sp * 32 + lane_off, w[2 * sp][0], w[2 * sp][1], w[2 * sp + 1][0],
+                    w[2 * sp + 1][1]);
+      const uint32_t xb = stu + Gg::W_BYTES;
+      const unsigned char* ss = stp + Gg::W_BYTES + Gg::X_BYTES;
+      [[maybe_unused]] const uint32_t* zs = reinterpret_cast<const uint32_t*>(stp + Gg::W_BYTES + Gg::X_BYTES + Gg::S_BYTES);
+#pragma unroll
+      for (int gi = 0; gi < GPS; ++gi) {
+        uint32_t(&Ab)[NB][4] = A[(decltype(b0)::value + gi) & 1];
+        const bool gstart = cur.group_starts(), gend = cur.group_ends();
+        if constexpr (ASYM) {
+          if (gstart) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              set_bias<BITS, T>(gemm_zero<BITS>(zs, wic * 16 + h * 8 + g, gi), bias[0][h], bias16[0][h], zoff[0][h]);
+          }
+        }
+#pragma unroll
+        for (int sl = 0; sl < SEGS; ++sl)
+#pragma unroll
+          for (int j = 0; j < KBS; ++j) {
+            const int sg = gi * SEGS + sl;
+            uint32_t* Ak = Ab[sl * KBS + j];
+            Ak[0] = dequant_pair<BITS, T>(w[sg][0], j, 0, bias[0][0], bias16[0][0], zoff[0][0]);
+            Ak[1] = dequant_pair<BITS, T>(w[sg][1], j, 0, bias[0][1], bias16[0][1], zoff[0][1]);
+            Ak[2] = dequant_pair<BITS, T>(w[sg][0], j, 1, bias[0][0], bias16[0][0], zoff[0][0]);
+            Ak[3] = dequant_pair<BITS, T>(w[sg][1], j, 1, bias[0][1], bias16[0][1], zoff[0][1]);
+          }
+        complete();  // the previous batch (if any): its wgmmas ran while this one was dequantized
+        if (gend) {
+          p_s0 = gemm_scale<GPS>(a, ss, wic * 16 + g, gi, cur.row0, cur.g0);
+          p_s1 = gemm_scale<GPS>(a, ss, wic * 16 + 8 + g, gi, cur.row0, cur.g0);
+        }
+        fence_regs<NT>(cacc[0]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < NB; ++kk) {
+          // k-block kb of the stage: four per 128-byte row of a column, BM·128 bytes per such k-region
+          // (wgmma_ws_x_offset: 128-byte swizzle).
+          const int kb = gi * NB + kk;
+          const uint32_t kaddr = xb + (kb / 4) * BM * 128 + (kb % 4) * 32;
+          const uint64_t desc = desc_hi | uint64_t((kaddr & 0x3FFFF) >> 4);
+          const int scale_d = (kk > 0 || !gstart) ? 1 : 0;
+          if constexpr (BN == 128) wgmma_n128<T>(cacc[0], Ab[kk], desc, scale_d);
+          else wgmma_n64<T>(cacc[0], Ab[kk], desc, scale_d);
+        }
+        wgmma_commit();
+        if (store_now) store();  // the finished unit's logits (p_row0/p_m0 change only below)
+        p_fold = gend;
+        p_release = gi == GPS - 1;
+        p_slot = slot;
+        p_store = false;
+      }
       if (cur.end_stage()) {
-        store_tile<1, NT>(a, acc, cur.row0 + wic * 16, cur.m0, g, t);
-        zero_acc(acc);
+        p_store = true;
+        p_row0 = cur.row0;
+        p_m0 = cur.m0;
         cur.next_unit();
       }
       if (++slot == NS) { slot = 0; phase ^= 1u; }
+    };
+    // Stages in pairs, so that every path into a stage that dequantizes into set s comes from one
+    // whose batch in flight used the other set (else ptxas inserts a wait for the wgmmas, C7517).
+    int64_t q = 0;
+    for (; q + 1 < cur.total; q += 2) {
+      stage(std::integral_constant<int, 0>());
+      stage(std::integral_constant<int, GPS & 1>());
     }
+    if (q < cur.total) stage(std::integral_constant<int, 0>());
+    complete();
+    if (store_now) store();
   }
 #endif
 }
