@@ -234,6 +234,17 @@ __device__ __forceinline__ void fold_group(float (&acc)[NT][4], const float (&ca
   }
 }
 
+template <int NT>
+__device__ __forceinline__ void fold_first(float (&acc)[NT][4], const float (&cacc)[NT][4], float s0, float s1) {
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    acc[n][0] = s0 * cacc[n][0];
+    acc[n][1] = s0 * cacc[n][1];
+    acc[n][2] = s1 * cacc[n][2];
+    acc[n][3] = s1 * cacc[n][3];
+  }
+}
+
 // Plain logits: the C fragments → out.
 template <int RT, int NT>
 __device__ __forceinline__ void store_tile(const LogitsArgs& a, const float (&acc)[RT][NT][4], int64_t row0, int m0,
@@ -1877,15 +1888,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
     constexpr int NB = SEGS * KBS;  // k-blocks of a batch: one group's part of a stage
     const int ctid = tid - 128, lane = ctid & 31, g = lane >> 2, t = lane & 3, wic = ctid >> 5;
     const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
-    float acc[1][NT][4], cacc[1][NT][4];
-    zero_acc(acc);
+    float acc[1][NT][4], cacc[1][NT][4];  // acc: set by the unit's first fold
     uint32_t bias[1][2], bias16[1][2];
     float zoff[1][2];
     init_bias<BITS, T>(bias, bias16, zoff);
     uint32_t A[2][NB][4];  // two batches' A fragments: one dequantized while the other's wgmmas run
     // The batch in flight and what completing it takes: fold (its group ends; scales read at
     // issue), release its slot (the stage's last batch), store (the unit's last stage).
-    bool p_fold = false, p_release = false, p_store = false, store_now = false;
+    bool p_fold = false, p_release = false, p_store = false, store_now = false, fresh = true;
     float p_s0 = 0.0f, p_s1 = 0.0f;
     int p_slot = 0, p_m0 = 0;
     int64_t p_row0 = 0;
@@ -1894,7 +1904,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
       fence_regs<NT>(cacc[0]);
       keep_regs<NB>(A[0]);  // the in-flight wgmmas read their A registers until here
       keep_regs<NB>(A[1]);
-      if (p_fold) fold_group<NT>(acc[0], cacc[0], p_s0, p_s1);
+      if (p_fold) {
+        if (fresh) {  // the unit's first fold: acc = s · cacc (acc was stored, not zeroed: see store)
+          fold_first<NT>(acc[0], cacc[0], p_s0, p_s1);
+          fresh = false;
+        } else {
+          fold_group<NT>(acc[0], cacc[0], p_s0, p_s1);
+        }
+      }
       if (p_release) {
         __syncwarp();
         if (lane == 0) mbar_arrive(empty0 + p_slot * 8);
@@ -1903,8 +1920,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
       p_fold = p_release = p_store = false;
     };
     auto store = [&] {
+      // No zeroing here: it would wait for the stores to read acc; the next fold assigns instead.
       store_tile<1, NT>(a, acc, p_row0 + wic * 16, p_m0, g, t);
-      zero_acc(acc);
+      fresh = true;
       store_now = false;
     };
     int slot = 0;
@@ -1928,6 +1946,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
       for (int gi = 0; gi < GPS; ++gi) {
         uint32_t(&Ab)[NB][4] = A[(decltype(b0)::value + gi) & 1];
         const bool gstart = cur.group_starts(), gend = cur.group_ends();
+        float s0 = 0.0f, s1 = 0.0f;  // read before the dequant: their latency hides under it
+        if (gend) {
+          s0 = gemm_scale<GPS>(a, ss, wic * 16 + g, gi, cur.row0, cur.g0);
+          s1 = gemm_scale<GPS>(a, ss, wic * 16 + 8 + g, gi, cur.row0, cur.g0);
+        }
         if constexpr (ASYM) {
           if (gstart) {
 #pragma unroll
@@ -1947,10 +1970,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
             Ak[3] = dequant_pair<BITS, T>(w[sg][1], j, 1, bias[0][1], bias16[0][1], zoff[0][1]);
           }
         complete();  // the previous batch (if any): its wgmmas ran while this one was dequantized
-        if (gend) {
-          p_s0 = gemm_scale<GPS>(a, ss, wic * 16 + g, gi, cur.row0, cur.g0);
-          p_s1 = gemm_scale<GPS>(a, ss, wic * 16 + 8 + g, gi, cur.row0, cur.g0);
-        }
+        p_s0 = s0;
+        p_s1 = s1;
         fence_regs<NT>(cacc[0]);
         wgmma_fence();
 #pragma unroll
