@@ -221,6 +221,25 @@ TEST(Cuda, LogitsGemmAndGemvAtEveryM) {
       }
 }
 
+// The warp-specialized wgmma GEMM (v14; M > 64 on sm_90, elsewhere the mma.sync
+// GEMM): CTAs of a persistent grid taking several units each (V = 20011 at
+// M = 256: 157 row tiles × 2 column tiles), the stage ring's phases wrapping
+// inside a unit and across units, every group layout (several groups per
+// stage, one, a group over several stages), zero points. Small enough for
+// compute-sanitizer.
+TEST(Cuda, LogitsWgmmaWarpSpecialized) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 2100;
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128, -1})
+      for (int64_t M : {65, 256}) {
+        const DType act = seed % 3 == 0 ? DType::kF16 : DType::kBF16;
+        const DType scale = seed % 5 == 0 ? DType::kF32 : (seed % 5 < 3 ? DType::kF16 : DType::kBF16);
+        check_logits({bits, group, seed % 2 == 0, act, scale, M == 256 ? 20011 : 3001, 1024, M}, seed++,
+                     Backend::kFused);
+      }
+}
+
 // The staged GEMV with large activations: up to 72 KB (here M = 7) each CTA
 // builds their shared layout itself, above (M = 16) staged_x_kernel builds it
 // once per call and each CTA copies it (one CTA per SM). 8-bit g32 with f32
