@@ -407,12 +407,11 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
 
   // Per thread: a [M, kBlockRows] logits buffer (the [M, V] logits are never
   // stored), and per activation row a k-heap (worst on top) plus an online
-  // log-sum-exp (running max, Σ exp(l - max) in double).
+  // log-sum-exp (LseState: running max, Σ exp(l - max)).
   struct PerThread {
     std::vector<float> scratch, buf;
     std::vector<std::vector<Cand>> heap;
-    std::vector<float> mx;
-    std::vector<double> sum;
+    std::vector<LseState> lse;
   };
   std::vector<PerThread> st(static_cast<size_t>(p->size()));
   auto worse_on_top = [](const Cand& l, const Cand& r) { return better(l, r); };
@@ -423,8 +422,7 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
       t.buf.resize(static_cast<size_t>(m * kBlockRows));
       t.heap.resize(static_cast<size_t>(m));
       for (auto& h : t.heap) h.reserve(static_cast<size_t>(k));
-      t.mx.assign(static_cast<size_t>(m), -std::numeric_limits<float>::infinity());
-      t.sum.assign(static_cast<size_t>(m), 0.0);
+      t.lse.assign(static_cast<size_t>(m), LseState{});
     }
     const int64_t r0 = b * kBlockRows, r1 = std::min(v, r0 + kBlockRows), n = r1 - r0;
     px.block(a, m, r0, r1, t.buf.data(), kBlockRows, t.scratch.data());
@@ -433,15 +431,8 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
       const size_t si = static_cast<size_t>(i);
       auto& heap = t.heap[si];
       const bool full = static_cast<int64_t>(heap.size()) == k;
-      float bm;
       uint64_t ge;  // with a full heap: the block's logits >= its k-th best value, the only ones that can enter
-      const double s = kt->topk_block(l, n, t.mx[si], full ? heap.front().value : -std::numeric_limits<float>::infinity(),
-                                      &bm, &ge);
-      if (bm > t.mx[si]) {  // s is relative to the new running max
-        t.sum[si] *= std::exp(static_cast<double>(t.mx[si]) - static_cast<double>(bm));
-        t.mx[si] = bm;
-      }
-      t.sum[si] += s;
+      kt->topk_block(l, n, full ? heap.front().value : -std::numeric_limits<float>::infinity(), &t.lse[si], &ge);
       if (!full) {
         int64_t j = 0;
         for (; j < n && static_cast<int64_t>(heap.size()) < k; ++j) {  // filling the heap
@@ -472,12 +463,15 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
     for (const auto& t : st) {
       if (t.heap.empty()) continue;
       all.insert(all.end(), t.heap[si].begin(), t.heap[si].end());
-      mx = std::max(mx, static_cast<double>(t.mx[si]));
+      mx = std::max(mx, static_cast<double>(t.lse[si].mx));
     }
     std::sort(all.begin(), all.end(), better);
     double sum = 0.0;
     for (const auto& t : st)
-      if (!t.heap.empty() && t.sum[si] > 0.0) sum += t.sum[si] * std::exp(static_cast<double>(t.mx[si]) - mx);
+      if (!t.heap.empty()) {
+        const double ts = t.lse[si].total();
+        if (ts > 0.0) sum += ts * std::exp(static_cast<double>(t.lse[si].mx) - mx);
+      }
     for (int64_t j = 0; j < k; ++j) {
       values.ptr<float>()[i * k + j] = all[static_cast<size_t>(j)].value;
       ids.ptr<int32_t>()[i * k + j] = all[static_cast<size_t>(j)].id;

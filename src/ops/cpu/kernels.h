@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 namespace qhead::cpu {
 
@@ -69,6 +70,23 @@ namespace {
 constexpr int64_t m_block(int64_t left) { return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
 }  // namespace
 
+// One activation row's online log-sum-exp in the CPU top-k: Σ_i exp(l_i − mx)
+// over the logits seen = sum + Σ acc[0, lanes). acc holds per-lane f32 sums of
+// at most kLseFlush blocks (64 terms of at most 1 per lane at 16 lanes, a
+// relative error below 64·2^-24 ≈ 4e-6 before the double fold).
+constexpr int kLseFlush = 16;
+struct LseState {
+  alignas(64) float acc[16] = {};
+  double sum = 0.0;
+  float mx = -std::numeric_limits<float>::infinity();
+  int pending = 0;  // blocks in acc
+  double total() const {
+    double t = sum;
+    for (float a : acc) t += static_cast<double>(a);
+    return t;
+  }
+};
+
 // One ISA's kernels.
 struct KernelTable {
   const char* name;  // "avx2", "avx512"
@@ -104,10 +122,13 @@ struct KernelTable {
   // Σ_i exp(l[i] - mx) with a vectorized exp (|rel. error| < 4e-7 per term),
   // accumulated in f32 lanes; for l[i] <= mx.
   double (*sum_exp)(const float* l, int64_t n, float mx);
-  // The top-k epilogue of a block of n <= kBlockRows logits: *bm = max l,
-  // *ge = bitmask of l[i] >= thr, returns Σ exp(l[i] - max(mx, *bm)) (as
-  // sum_exp; 0 when that max is -inf).
-  double (*topk_block)(const float* l, int64_t n, float mx, float thr, float* bm, uint64_t* ge);
+  // The top-k epilogue of a block of n <= kBlockRows logits of one activation
+  // row: *ge = bitmask of l[i] >= thr (the only ones that can enter a full
+  // heap), and the row's online log-sum-exp *st takes the block (st->mx rises
+  // to the block's max when it is larger — the only case that reduces
+  // across lanes — and the exps are added to st->acc per lane, folded into
+  // st->sum every kLseFlush blocks).
+  void (*topk_block)(const float* l, int64_t n, float thr, LseState* st, uint64_t* ge);
   // Σ_j x[j] · row[j] in f32, row of dtype kind 0 F32 / 1 F16 / 2 BF16.
   float (*dot_dense)(const float* x, const void* row, int kind, int64_t h);
   // The benchmark's compute ceiling: `iters` rounds of 12 independent vector

@@ -758,28 +758,55 @@ double sum_exp(const float* l, int64_t n, float mx) {
   return total;
 }
 
-// The top-k epilogue of one block of n <= 64 logits (one activation row):
-// *bm = max_i l[i]; *ge = bitmask of the i with l[i] >= thr (the current
-// k-th best value: only those can enter the heap); returns
-// Σ exp(l[i] - max(mx, *bm)) as sum_exp computes it (0 when that max is -inf).
-double topk_block(const float* l, int64_t n, float mx, float thr, float* bm, uint64_t* ge) {
-  const float b = max_of(l, n);
-  *bm = b;
-  const VF vt = vset(thr);
+// The top-k epilogue of one block of n <= 64 logits (one activation row),
+// KernelTable::topk_block. One pass compares each vector with thr (the
+// heap's bitmask) and with the running max; only a block that raises the
+// max pays for a horizontal max and the rescaling of what was summed (a few
+// times per row). The exps go into per-lane sums, reduced every kLseFlush
+// blocks: no horizontal reduction in the common block.
+void topk_block(const float* l, int64_t n, float thr, LseState* st, uint64_t* ge) {
+  const VF vt = vset(thr), vmx = vset(st->mx);
   uint64_t mask = 0;
+  bool above = false;
   int64_t i = 0;
   for (; i + W <= n; i += W) {
+    const VF v = vload(l + i);
 #if defined(QHEAD_ISA_AVX512)
-    mask |= static_cast<uint64_t>(_mm512_cmp_ps_mask(vload(l + i), vt, _CMP_GE_OQ)) << i;
+    mask |= static_cast<uint64_t>(_mm512_cmp_ps_mask(v, vt, _CMP_GE_OQ)) << i;
+    above |= _mm512_cmp_ps_mask(v, vmx, _CMP_GT_OQ) != 0;
 #else
-    mask |= static_cast<uint64_t>(static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(vload(l + i), vt, _CMP_GE_OQ)))) << i;
+    mask |= static_cast<uint64_t>(static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(v, vt, _CMP_GE_OQ)))) << i;
+    above |= _mm256_movemask_ps(_mm256_cmp_ps(v, vmx, _CMP_GT_OQ)) != 0;
 #endif
   }
-  for (; i < n; ++i)
+  for (; i < n; ++i) {
     if (l[i] >= thr) mask |= uint64_t{1} << i;
+    above |= l[i] > st->mx;
+  }
   *ge = mask;
-  const float m2 = b > mx ? b : mx;
-  return m2 > -INFINITY ? sum_exp(l, n, m2) : 0.0;
+  if (above) {  // the running max rises: what was summed is rescaled to the new one
+    const float b = max_of(l, n);
+    st->sum = st->mx > -INFINITY ? st->total() * std::exp(static_cast<double>(st->mx) - static_cast<double>(b)) : 0.0;
+    vstore(st->acc, vzero());
+    st->pending = 0;
+    st->mx = b;
+  }
+  if (st->mx == -INFINITY) return;  // every logit so far is -inf: nothing to sum
+  const VF vm = vset(st->mx);
+  VF s0 = vload(st->acc), s1 = vzero();
+  for (i = 0; i + 2 * W <= n; i += 2 * W) {
+    s0 = vadd(s0, vexp(vsub(vload(l + i), vm)));
+    s1 = vadd(s1, vexp(vsub(vload(l + i + W), vm)));
+  }
+  for (; i + W <= n; i += W) s0 = vadd(s0, vexp(vsub(vload(l + i), vm)));
+  for (; i < n; ++i) st->sum += static_cast<double>(::expf(l[i] - st->mx));
+  s0 = vadd(s0, s1);
+  if (++st->pending == kLseFlush) {
+    st->sum += static_cast<double>(vsum(s0));
+    s0 = vzero();
+    st->pending = 0;
+  }
+  vstore(st->acc, s0);
 }
 
 float dot_dense(const float* x, const void* row, int kind, int64_t h) {
