@@ -1763,11 +1763,14 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
 // ~16–25 % of the time (docs/performance.md, session 3). Here one warpgroup
 // only copies (cp.async, completion signalled on a per-slot "full" mbarrier)
 // and the two consumer warpgroups never meet: each waits for a slot to be
-// full, runs the same stage arithmetic as v11 (wgmma_stage: same bytes, same
-// exact per-group fold) and marks it free on the slot's "empty" mbarrier
-// (one arrival per consumer warp), so one warpgroup's dequant and fold
-// overlap the other's wgmmas. The producer gives up registers to the
-// consumers (setmaxnreg). CTA: 384 threads, 128 rows × BN columns, one per SM.
+// full, computes, and marks it free on the slot's "empty" mbarrier (one
+// arrival per consumer warp), so one warpgroup's dequant and fold overlap
+// the other's wgmmas. Inside a consumer the work is pipelined by batch (one
+// group's part of a stage): the next batch is dequantized into the second A
+// set while the current batch's wgmmas run; then wait, fold, issue. The
+// arithmetic is v11's (same bytes, exact q − z fragments, the same f32
+// per-group fold). The producer gives up registers to the consumers
+// (setmaxnreg). CTA: 384 threads, 128 rows × BN columns, one per SM.
 __device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
 }
@@ -1823,7 +1826,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
   using Gg = GemmGeometry<BITS, BV, BM, ASYM, NS>;
   constexpr int SPS = Gg::SPS, KBST = Gg::KBST, P = Gg::P, STAGE = ws_stage_bytes<BITS, BN, ASYM>();
   constexpr int GPS = GS > 0 ? SPS / GS : 1;
-  static_assert(NS >= 2 && (2 * BM) % 128 == 0 && KBST % 4 == 0 && Gg::W_BYTES % 1024 == 0,
+  static_assert(NS >= 2 && Gg::X_BYTES % (128 * 16) == 0 && KBST % 4 == 0 && Gg::W_BYTES % 1024 == 0,
                 "ring of at least two stages; whole 128-thread activation rounds; 1024-byte swizzle atoms");
   extern __shared__ __align__(128) unsigned char ws_smem[];
   __shared__ __align__(8) uint64_t bars[2 * NS];  // full[0, NS), empty[NS, 2·NS)
