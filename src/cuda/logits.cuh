@@ -1650,7 +1650,28 @@ __global__ void permute_x_wg_kernel(const T* __restrict__ x, T* __restrict__ xw,
   }
 }
 
-// One stage of a wgmma GEMM CTA (both kernels): warp wic (0..7) of the
+// The A fragments of group gi's part of a stage (SEGS 16-byte segments of
+// KBS k-blocks each) from the warp's ldmatrix'd codes w[SPS][2], with the
+// group's bias: A[sl·KBS + j] = the m16n8k16 fragment of k-block j of
+// segment gi·SEGS + sl (both wgmma kernels).
+template <int BITS, class T, int SEGS, int KBS, int SPS>
+__device__ __forceinline__ void dequant_batch(const uint32_t (&w)[SPS][2], int gi, const uint32_t (&bias)[1][2],
+                                              const uint32_t (&bias16)[1][2], const float (&zoff)[1][2],
+                                              uint32_t (&A)[SEGS * KBS][4]) {
+#pragma unroll
+  for (int sl = 0; sl < SEGS; ++sl)
+#pragma unroll
+    for (int j = 0; j < KBS; ++j) {
+      const int sg = gi * SEGS + sl;
+      uint32_t* Ak = A[sl * KBS + j];
+      Ak[0] = dequant_pair<BITS, T>(w[sg][0], j, 0, bias[0][0], bias16[0][0], zoff[0][0]);
+      Ak[1] = dequant_pair<BITS, T>(w[sg][1], j, 0, bias[0][1], bias16[0][1], zoff[0][1]);
+      Ak[2] = dequant_pair<BITS, T>(w[sg][0], j, 1, bias[0][0], bias16[0][0], zoff[0][0]);
+      Ak[3] = dequant_pair<BITS, T>(w[sg][1], j, 1, bias[0][1], bias16[0][1], zoff[0][1]);
+    }
+}
+
+// One stage of the v11 wgmma GEMM CTA: warp wic (0..7) of the
 // consumer warpgroups dequantizes its rows wic·16 + {g, g+8} of the stage at
 // shared address stu (generic pointer stp), its warpgroup (wic / 4) issues
 // the wgmmas of its 64 rows × BN columns per group into cacc (scale-d = 0 at
@@ -1692,17 +1713,7 @@ __device__ __forceinline__ void wgmma_stage(const LogitsArgs& a, const Cursor& c
       }
     }
     uint32_t A[SEGS * KBS][4];
-#pragma unroll
-    for (int sl = 0; sl < SEGS; ++sl)
-#pragma unroll
-      for (int j = 0; j < KBS; ++j) {
-        const int sg = gi * SEGS + sl;
-        uint32_t* Ak = A[sl * KBS + j];
-        Ak[0] = dequant_pair<BITS, T>(w[sg][0], j, 0, bias[0][0], bias16[0][0], zoff[0][0]);
-        Ak[1] = dequant_pair<BITS, T>(w[sg][1], j, 0, bias[0][1], bias16[0][1], zoff[0][1]);
-        Ak[2] = dequant_pair<BITS, T>(w[sg][0], j, 1, bias[0][0], bias16[0][0], zoff[0][0]);
-        Ak[3] = dequant_pair<BITS, T>(w[sg][1], j, 1, bias[0][1], bias16[0][1], zoff[0][1]);
-      }
+    dequant_batch<BITS, T, SEGS, KBS>(w, gi, bias, bias16, zoff, A);
     fence_regs<NT>(cacc[0]);
     wgmma_fence();
 #pragma unroll
@@ -1961,17 +1972,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
               set_bias<BITS, T>(gemm_zero<BITS>(zs, wic * 16 + h * 8 + g, gi), bias[0][h], bias16[0][h], zoff[0][h]);
           }
         }
-#pragma unroll
-        for (int sl = 0; sl < SEGS; ++sl)
-#pragma unroll
-          for (int j = 0; j < KBS; ++j) {
-            const int sg = gi * SEGS + sl;
-            uint32_t* Ak = Ab[sl * KBS + j];
-            Ak[0] = dequant_pair<BITS, T>(w[sg][0], j, 0, bias[0][0], bias16[0][0], zoff[0][0]);
-            Ak[1] = dequant_pair<BITS, T>(w[sg][1], j, 0, bias[0][1], bias16[0][1], zoff[0][1]);
-            Ak[2] = dequant_pair<BITS, T>(w[sg][0], j, 1, bias[0][0], bias16[0][0], zoff[0][0]);
-            Ak[3] = dequant_pair<BITS, T>(w[sg][1], j, 1, bias[0][1], bias16[0][1], zoff[0][1]);
-          }
+        dequant_batch<BITS, T, SEGS, KBS>(w, gi, bias, bias16, zoff, Ab);
         complete();  // the previous batch (if any): its wgmmas ran while this one was dequantized
         p_s0 = s0;
         p_s1 = s1;
