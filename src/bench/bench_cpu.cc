@@ -89,6 +89,12 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// The timed calls' stopping rule: cfg.reps when given, else at least 5 and
+// about `budget` seconds (at most 50).
+bool timed_enough(int reps, int done, double seconds, double budget) {
+  return reps > 0 ? done >= reps : (done >= 5 && (seconds > budget || done >= 50));
+}
+
 // Median seconds of call(i) over the timed calls, after two warm-up calls.
 // *cpu_util (optional): process CPU seconds per wall second over the timed
 // calls — below the thread count when other work takes the cores.
@@ -105,8 +111,7 @@ double time_median(int reps, F&& call, double* cpu_util = nullptr) {
     const double dt = seconds_since(t0);
     t.push_back(dt);
     total += dt;
-    const int done = i + 1;
-    if (reps > 0 ? done >= reps : (done >= 5 && (total > 1.0 || done >= 50))) break;
+    if (timed_enough(reps, i + 1, total, 1.0)) break;
   }
   if (cpu_util) *cpu_util = (cpu_seconds() - c0) / total;
   return median(t);
@@ -138,8 +143,7 @@ std::pair<double, double> time_median_pair(int reps, A&& a, B&& b, double* util_
   for (int i = 0;; ++i) {
     total += timed(sa, a, 2 * i + 2);
     total += timed(sb, b, 2 * i + 3);
-    const int done = i + 1;
-    if (reps > 0 ? done >= reps : (done >= 5 && (total > 2.0 || done >= 50))) break;
+    if (timed_enough(reps, i + 1, total, 2.0)) break;  // about 1 s each
   }
   if (util_a) *util_a = sa.cpu / sa.wall;
   if (util_b) *util_b = sb.cpu / sb.wall;

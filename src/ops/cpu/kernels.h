@@ -119,15 +119,12 @@ struct KernelTable {
   // Row r dequantized into out[H] (natural order), exactly as the reference:
   // w = float(q - z) * s.
   void (*dequant_row)(const PackedArgs& a, int64_t r, float* out);
-  // Σ_i exp(l[i] - mx) with a vectorized exp (|rel. error| < 4e-7 per term),
-  // accumulated in f32 lanes; for l[i] <= mx.
-  double (*sum_exp)(const float* l, int64_t n, float mx);
   // The top-k epilogue of a block of n <= kBlockRows logits of one activation
   // row: *ge = bitmask of l[i] >= thr (the only ones that can enter a full
   // heap), and the row's online log-sum-exp *st takes the block (st->mx rises
   // to the block's max when it is larger — the only case that reduces
-  // across lanes — and the exps are added to st->acc per lane, folded into
-  // st->sum every kLseFlush blocks).
+  // across lanes — and the exps — a vectorized exp, |rel. error| < 4e-7 per term — are
+  // added to st->acc per lane, folded into st->sum every kLseFlush blocks).
   void (*topk_block)(const float* l, int64_t n, float thr, LseState* st, uint64_t* ge);
   // Σ_j x[j] · row[j] in f32, row of dtype kind 0 F32 / 1 F16 / 2 BF16.
   float (*dot_dense)(const float* x, const void* row, int kind, int64_t h);

@@ -744,20 +744,6 @@ float max_of(const float* l, int64_t n) {
   return vhmax(mx);
 }
 
-double sum_exp(const float* l, int64_t n, float mx) {
-  const VF vm = vset(mx);
-  VF s0 = vzero(), s1 = vzero();
-  int64_t i = 0;
-  for (; i + 2 * W <= n; i += 2 * W) {
-    s0 = vadd(s0, vexp(vsub(vload(l + i), vm)));
-    s1 = vadd(s1, vexp(vsub(vload(l + i + W), vm)));
-  }
-  for (; i + W <= n; i += W) s0 = vadd(s0, vexp(vsub(vload(l + i), vm)));
-  double total = static_cast<double>(vsum(s0)) + static_cast<double>(vsum(s1));
-  for (; i < n; ++i) total += static_cast<double>(::expf(l[i] - mx));
-  return total;
-}
-
 // The top-k epilogue of one block of n <= 64 logits (one activation row),
 // KernelTable::topk_block. One pass compares each vector with thr (the
 // heap's bitmask) and with the running max; only a block that raises the
@@ -890,7 +876,7 @@ constexpr auto* kLogitsInt8 = &logits_block_int8;
 
 const KernelTable kTable = {
     QHEAD_ISA_NAME, Deq4::CE, Deq8::CE, 8 * W, 4 * W, &logits_block, kLogitsInt8, kInt8Vnni,
-    &dequant_row, &sum_exp, &topk_block, &dot_dense, &fma_burn, &read_sum, W,
+    &dequant_row, &topk_block, &dot_dense, &fma_burn, &read_sum, W,
 };
 
 }  // namespace qhead::cpu::QHEAD_ISA_NS
