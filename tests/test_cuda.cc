@@ -16,6 +16,7 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "qhead/cuda.h"
@@ -337,7 +338,8 @@ std::vector<int32_t> exact_topk(const float* l, int64_t V, int64_t k) {
   return order;
 }
 
-void check_topk(const TopkCase& c, uint64_t seed) {
+// edit: changes the random table before it is uploaded.
+void check_topk(const TopkCase& c, uint64_t seed, const std::function<void(PackedTable&)>& edit = {}) {
   QuantScheme s;
   s.bits = c.bits;
   s.group_size = c.group;
@@ -347,7 +349,8 @@ void check_topk(const TopkCase& c, uint64_t seed) {
   SCOPED_TRACE(s.name() + " act=" + dtype_name(c.act) + " V=" + std::to_string(V) + " M=" + std::to_string(M) +
                " k=" + std::to_string(K) + (c.backend == Backend::kFallbackBlas ? " (fallback)" : "") +
                (c.backend == Backend::kFused ? " (fused)" : ""));
-  const PackedTable host = random_packed(V, H, s, seed);
+  PackedTable host = random_packed(V, H, s, seed);
+  if (edit) edit(host);
   const Table dev = cuda::to_device(Table::packed(host));
   const Tensor xh = random_tensor(c.act, M, H, seed + 1);
   const Tensor xd = upload(xh);
@@ -466,6 +469,41 @@ TEST(Cuda, TopkOtherPaths) {
         for (DType act : {DType::kF16, DType::kBF16})
           for (int64_t M : {5, 16})
             check_topk({bits, group, sym, act, 20011, M, 50, M <= 8 ? Backend::kFused : Backend::kAuto}, seed++);
+}
+
+// The list top-k of the v14 GEMM (kFused above 64 rows on sm_90; elsewhere
+// logits, then selection): every group layout, zero points or not, both
+// activation dtypes, k from 1 to the epilogue's 256; M = 65 (one column tile,
+// 63 masked columns) and 130 (two tiles, half the SMs each); V with a
+// partial last tile (20011), exactly the sample plus a partial tile
+// (8192 + 5: every whole tile sampled), and without a whole tile to sample
+// (V = 100: no threshold, every logit a candidate). Then rows whose logits
+// lie far above the rest (their scales × 2^12): the lse must not overflow
+// where the max is not in the sample, and the top-k holds them.
+TEST(Cuda, TopkListEpilogue) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 4700;
+  const std::array<int64_t, 3> ks = {1, 50, 256};
+  int i = 0;
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128, -1})
+      for (bool sym : {true, false}) {
+        const DType act = i % 2 ? DType::kBF16 : DType::kF16;
+        const int64_t M = i % 3 == 0 ? 130 : 65;
+        check_topk({bits, group, sym, act, 20011, M, ks[size_t(i++) % 3], Backend::kFused}, seed++);
+      }
+  check_topk({4, 64, true, DType::kF16, 8192 + 5, 130, 50, Backend::kFused}, seed++);
+  check_topk({8, 128, false, DType::kBF16, 100, 65, 50, Backend::kFused}, seed++);
+  check_topk({4, 128, true, DType::kF16, 3, 70, 3, Backend::kFused}, seed++);
+  // The sample takes every 6th of the 392 tiles: row 200 lies outside it, row 7 inside.
+  for (int64_t r : {int64_t(200), int64_t(7)}) {
+    seed = (seed + 2) / 3 * 3;  // f32 scales (check_topk: seed % 3 == 0)
+    check_topk({4, 128, false, DType::kF16, 50257, 96, 50, Backend::kFused}, seed++, [r](PackedTable& t) {
+      ASSERT_EQ(t.scheme.scale_dtype, DType::kF32);
+      float* sc = t.scale.ptr<float>() + r * t.scheme.groups(t.hidden);
+      for (int64_t g = 0; g < t.scheme.groups(t.hidden); ++g) sc[g] *= 4096.0f;
+    });
+  }
 }
 
 // Small shapes for the compute-sanitizer runs (memcheck, racecheck): each

@@ -314,15 +314,17 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
         topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(), Backend::kFused);
       }, reps);
       add("fused_topk", topk_us, double(table_bytes), dense_us,
-          "k = " + std::to_string(k) + "; qhead::topk (kFused): 4-bit M <= 8 the staged kernel's top-k + lse epilogue + "
-          "merge (no [M, V] logits); else the fused logits + slice selection + merge");
+          "k = " + std::to_string(k) + "; qhead::topk (kFused), no [M, V] logits: M <= 8 the staged kernel's top-k + "
+          "lse epilogue + merge; above M = 64 on sm_90 the sampled threshold (sample logits + selection), the v14 "
+          "list epilogue and the list merge; else the fused logits + slice selection + merge");
       const double sep_us = median_us([&](int i) {
         cuda_ops::topk_separate(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(),
                                 Backend::kAuto);
       }, reps);
       add("logits_then_topk", sep_us, double(table_bytes), dense_us,
-          "k = " + std::to_string(k) + "; what qhead::topk (kAuto) runs: kAuto logits into [M, V] (fused; above M = 64 "
-          "only the GEMM, else dequant + cuBLAS), then the separate top-k (slice selection + merge)");
+          "k = " + std::to_string(k) + "; logits, then a separate top-k (what qhead::topk (kAuto) runs except from "
+          "M = 192 on sm_90 with V >= 32768, where it takes fused_topk's list epilogue): kAuto logits into [M, V] "
+          "(fused; above M = 64 only the GEMM, else dequant + cuBLAS), then slice selection + merge");
     }
   }
   QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));

@@ -68,6 +68,15 @@ struct LogitsArgs {
   uint64_t* tk_cand = nullptr;  // [M, gridDim.y, k] entries (common.cuh), written
   float2* tk_part = nullptr;    // [M, gridDim.y] (max, Σ exp(l − max)) of the CTA's logits, written
   int tk_nblk = 0;              // gridDim.y of the launch (set by the launcher)
+  // Top-k candidate lists (logits_wgmma_ws_kernel<..., TOPK = true>, M > 64): every logit >= its
+  // column's threshold goes to the list of its (column, CTA warp); the others are summed.
+  bool tk_lists = false;          // launch_logits_topk: run this epilogue
+  const uint64_t* tk_thr = nullptr;  // [M, k] a sample's top-k entries, best first: column m's threshold is
+                                     // entry [m, k − 1]'s value (lowered by a margin); nullptr: no threshold
+  uint64_t* tk_list = nullptr;    // [M, tk_nseg, tk_seg_cap] entries (set by the launcher)
+  uint32_t* tk_count = nullptr;   // [M, tk_nseg] entries in each list
+  float* tk_sum = nullptr;        // [M, tk_nseg] Σ exp(min(l − threshold, 0)) over the segment's logits
+  int tk_nseg = 0, tk_seg_cap = 0;
   int st_spg = 1;               // staged / GEMM kernel, groups longer than a stage: stages per group (set by the launcher)
   bool gemm_only = false;       // launch_logits: take the GEMM or nothing (large M, where the GEMV kernels lose to cuBLAS)
 };
@@ -1830,7 +1839,113 @@ constexpr int ws_smem_bytes() {  // the ring + alignment slack
   return ws_stages<BITS, BN, ASYM>() * ws_stage_bytes<BITS, BN, ASYM>() + 1024;
 }
 
-template <int BITS, class T, int BN, int GS, bool ASYM>
+// Scratch for a top-k epilogue's outputs (the caller's grow-only workspace).
+using TopkWorkspaceFn = void* (*)(size_t bytes);
+
+// ---- v14's top-k epilogue: candidate lists above a sampled threshold ----------------------
+//
+// A top-k at M > 64 cannot keep per-column pools in shared memory (the ring
+// takes it), and a CTA's own best k is a weak filter (k of its ~2300 rows).
+// Instead the caller first computes the logits of a sample of the vocab
+// (whole 128-row tiles spread over V) and selects their top k: the sample's
+// k-th largest logit of column m is <= the k-th largest of the whole row (the
+// sample's logits are logits of the row), so every logit below it can be
+// dropped. The kernel appends each logit >= the threshold, as an entry, to
+// the list of its (column, CTA warp) — positions by ballot, no atomics — and
+// sums exp(min(l − threshold, 0)) (each term <= 1: no overflow, no running
+// max; the listed logits add exactly 1 each, subtracted by the merge). The merge (ops_cuda.cu) selects from the lists and adds the
+// candidates' exps to the sums. A list holds at most the 16 rows × units its
+// warp computes, so the launcher sizes it and it cannot overflow.
+
+// Column m's threshold from the sample's top-k entries (best first): the k-th
+// value, lowered by a margin so that a last-bit difference between the sample
+// run and the main run cannot drop a candidate; −inf when there is no sample
+// or it held fewer than k logits. The merge calls it too.
+__host__ __device__ __forceinline__ float list_threshold(const uint64_t* thr, int k, int m) {
+  if (thr == nullptr) return -INFINITY;
+  const uint64_t e = thr[int64_t(m) * k + k - 1];
+  if (e == 0) return -INFINITY;
+  const float v = entry_value(e);
+  return v - (fabsf(v) * 0x1p-16f + 0x1p-30f);
+}
+
+// One warp's 16 rows × NT·8 columns of a finished unit (acc: the m64nNk16
+// accumulator layout, rows r0 + g and r0 + g + 8, columns n·8 + 2t + {0, 1}).
+// thr_s[col] = (threshold, threshold · log2 e); columns >= M have +inf, rows
+// >= V take no part. Two phases, so that the common work has no branch
+// between columns and its latencies overlap:
+//  1. every column: exp(min(l − thr, 0)) added to sum[col · 8 + g] (one slot
+//     per lane row: no shuffles; 32 running sums per thread would take
+//     registers the consumer does not have) — a logit >= thr adds exactly 1,
+//     and the merge subtracts the list's count, so no compare and select per
+//     logit — and a bit per column with a logit >= thr;
+//  2. only the columns where some lane of the warp has one: the entries
+//     appended to list(col) at cnt[col], positions by ballot.
+// (ncu, docs/performance.md: with a compare, select and accurate exp2f per
+// logit the epilogue took ~1270 instructions per warp and unit, +40 % on the
+// kernel.)
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+template <int NT>
+__device__ __forceinline__ void topk_lists_tile(const LogitsArgs& a, const float (&acc)[NT][4], int64_t r0, int m0,
+                                                int seg, int lane, const float2* thr_s, uint32_t* cnt, float* sum) {
+  static_assert(NT * 2 <= 32, "one flag bit per column of the thread");
+  constexpr float kLog2e = 1.4426950408889634f;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t ra = r0 + g, rb = ra + 8;
+  const bool va = ra < a.V, vb = rb < a.V;
+  unsigned flags = 0;
+  auto phase1 = [&](auto partial) {  // partial: the vocab's last tile, rows past V masked
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int col = n * 8 + 2 * t + c;
+        const float2 th = thr_s[col];
+        float v0 = acc[n][c], v1 = acc[n][c + 2];
+        if constexpr (decltype(partial)::value) {
+          v0 = va ? v0 : -INFINITY;
+          v1 = vb ? v1 : -INFINITY;
+        }
+        float e0 = ex2_ftz(fminf(fmaf(v0, kLog2e, -th.y), 0.0f)), e1 = ex2_ftz(fminf(fmaf(v1, kLog2e, -th.y), 0.0f));
+        if constexpr (decltype(partial)::value) {  // with thr = −inf, −inf − (−inf) is NaN: no term at all
+          e0 = va ? e0 : 0.0f;
+          e1 = vb ? e1 : 0.0f;
+        }
+        sum[col * 8 + g] += e0 + e1;
+        flags |= fmaxf(v0, v1) >= th.x ? 1u << (2 * n + c) : 0u;
+      }
+  };
+  if (r0 + 16 <= a.V) phase1(std::false_type());  // warp-uniform
+  else phase1(std::true_type());
+  const unsigned any = __reduce_or_sync(0xffffffffu, flags);
+  if (any == 0) return;
+  const unsigned same = 0x11111111u << t, below = same & ((1u << lane) - 1u);  // the lanes of my column
+  const int64_t col_stride = int64_t(a.tk_nseg) * a.tk_seg_cap;
+  uint64_t* const lists = a.tk_list + (int64_t(m0 + 2 * t) * a.tk_nseg + seg) * a.tk_seg_cap;  // column 2t's list
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      if (!((any >> (2 * n + c)) & 1u)) continue;  // warp-uniform
+      const int col = n * 8 + 2 * t + c;
+      const float th = thr_s[col].x, v0 = acc[n][c], v1 = acc[n][c + 2];
+      const bool h0 = va && v0 >= th, h1 = vb && v1 >= th;
+      const unsigned b0 = __ballot_sync(0xffffffffu, h0), b1 = __ballot_sync(0xffffffffu, h1);
+      const unsigned base = cnt[col], n0 = __popc(b0 & same);
+      uint64_t* list = lists + (n * 8 + c) * col_stride + base;
+      if (h0) list[__popc(b0 & below)] = make_entry(v0, ra);
+      if (h1) list[n0 + __popc(b1 & below)] = make_entry(v1, rb);
+      __syncwarp();
+      if (g == 0) cnt[col] = base + n0 + __popc(b1 & same);
+    }
+  __syncwarp();
+}
+
+template <int BITS, class T, int BN, int GS, bool ASYM, bool TOPK = false>
 __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const LogitsArgs a, int Mpad, uint64_t desc_hi) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int BV = 128, BM = BN, NT = BN / 8, NS = ws_stages<BITS, BN, ASYM>();
@@ -1839,8 +1954,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
   constexpr int GPS = GS > 0 ? SPS / GS : 1;
   static_assert(NS >= 2 && Gg::X_BYTES % (128 * 16) == 0 && KBST % 4 == 0 && Gg::W_BYTES % 1024 == 0,
                 "ring of at least two stages; whole 128-thread activation rounds; 1024-byte swizzle atoms");
+  static_assert(!TOPK || ws_smem_bytes<BITS, BN, ASYM>() + BN * (8 + 8 * 4 + 8 * 8 * 4) + 16 * NS <= 227 * 1024,
+                "the ring and the top-k arrays fit a block's shared memory");
   extern __shared__ __align__(128) unsigned char ws_smem[];
   __shared__ __align__(8) uint64_t bars[2 * NS];  // full[0, NS), empty[NS, 2·NS)
+  // TOPK (topk_lists_tile): the CTA's columns' thresholds; each consumer warp's list lengths, and its
+  // sums below the thresholds per column and lane row.
+  __shared__ float2 thr_s[TOPK ? BN : 1];
+  __shared__ uint32_t cnt_s[TOPK ? 8 : 1][TOPK ? BN : 1];
+  __shared__ float sum_s[TOPK ? 8 : 1][TOPK ? BN * 8 : 1];
   const int tid = threadIdx.x;
   // The ring starts at a 1024-byte boundary (the swizzle pattern is taken from address bits 7-9).
   const uint32_t smem0 = (smem_u32(ws_smem) + 1023u) & ~1023u, full0 = smem_u32(bars), empty0 = full0 + NS * 8;
@@ -1850,6 +1972,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
       mbar_init(full0 + i * 8, 128);  // the producer's 128 threads, each once its copies landed
       mbar_init(empty0 + i * 8, 8);   // the 8 consumer warps, each once done with the slot
     }
+  }
+  if constexpr (TOPK) {  // the launcher makes gridDim.x a multiple of the column tiles: one tile per CTA
+    const int m0 = int(blockIdx.x % unsigned(Mpad / BM)) * BM;
+    for (int i = tid; i < BN; i += kWsThreads) {
+      const float th = m0 + i < a.M ? list_threshold(a.tk_thr, a.k, m0 + i) : INFINITY;
+      thr_s[i] = make_float2(th, th * 1.4426950408889634f);
+    }
+    for (int i = tid; i < 8 * BN; i += kWsThreads) cnt_s[i / BN][i % BN] = 0;
+    for (int i = tid; i < 8 * BN * 8; i += kWsThreads) sum_s[i / (BN * 8)][i % (BN * 8)] = 0.0f;
   }
   __syncthreads();
   GemmCursor<BITS, BV, BM, GS> cur;
@@ -1903,6 +2034,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
     const int ctid = tid - 128, lane = ctid & 31, g = lane >> 2, t = lane & 3, wic = ctid >> 5;
     const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
     float acc[1][NT][4], cacc[1][NT][4];  // acc: set by the unit's first fold
+    const int seg = int(blockIdx.x / unsigned(Mpad / BM)) * 8 + wic;  // TOPK: the warp's list segment
     uint32_t bias[1][2], bias16[1][2];
     float zoff[1][2];
     init_bias<BITS, T>(bias, bias16, zoff);
@@ -1935,7 +2067,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
     };
     auto store = [&] {
       // No zeroing here: it would wait for the stores to read acc; the next fold assigns instead.
-      store_tile<1, NT>(a, acc, p_row0 + wic * 16, p_m0, g, t);
+      if constexpr (TOPK) topk_lists_tile<NT>(a, acc[0], p_row0 + wic * 16, p_m0, seg, lane, thr_s, cnt_s[wic], sum_s[wic]);
+      else store_tile<1, NT>(a, acc, p_row0 + wic * 16, p_m0, g, t);
       fresh = true;
       store_now = false;
     };
@@ -2014,6 +2147,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
     if (q < cur.total) stage(std::integral_constant<int, 0>());
     complete();
     if (store_now) store();
+    if constexpr (TOPK) {  // the warp's list lengths and sums
+      __syncwarp();
+      const int m0 = int(blockIdx.x % unsigned(Mpad / BM)) * BM;
+      for (int col = lane; col < BN && m0 + col < a.M; col += 32) {
+        float v = 0.0f;
+#pragma unroll
+        for (int r = 0; r < 8; ++r) v += sum_s[wic][col * 8 + r];
+        a.tk_sum[int64_t(m0 + col) * a.tk_nseg + seg] = v;
+        a.tk_count[int64_t(m0 + col) * a.tk_nseg + seg] = cnt_s[wic][col];
+      }
+    }
   }
 #endif
 }
@@ -2095,11 +2239,12 @@ void launch_wgmma_cfg(const LogitsArgs& a, cudaStream_t s) {
   QHEAD_CUDA_CHECK_LAUNCH("logits_wgmma_kernel");
 }
 
-template <int BITS, class T, int BN, int GS, bool ASYM>
-void launch_wgmma_ws_cfg(const LogitsArgs& a, cudaStream_t s) {
+// grid: CTAs (0: one per SM, at most one per unit).
+template <int BITS, class T, int BN, int GS, bool ASYM, bool TOPK = false>
+void launch_wgmma_ws_cfg(const LogitsArgs& a, cudaStream_t s, int64_t grid = 0) {
   constexpr int BV = 128;
   constexpr int SMEM = ws_smem_bytes<BITS, BN, ASYM>();
-  constexpr auto kernel = logits_wgmma_ws_kernel<BITS, T, BN, GS, ASYM>;
+  constexpr auto kernel = logits_wgmma_ws_kernel<BITS, T, BN, GS, ASYM, TOPK>;
   allow_dynamic_smem<kernel>(SMEM);
   const int Mpad = (a.M + BN - 1) / BN * BN;
   const int64_t nunits = int64_t(a.H / 16) * Mpad * 2;
@@ -2110,7 +2255,8 @@ void launch_wgmma_ws_cfg(const LogitsArgs& a, cudaStream_t s) {
   // between 8-column atoms, LBO unused (1).
   const uint64_t desc_hi = (uint64_t(1) << 62) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 16);
   const int64_t units = (a.V + BV - 1) / BV * (Mpad / BN);
-  kernel<<<unsigned(std::min<int64_t>(units, int64_t(sm_count()))), kWsThreads, SMEM, s>>>(a, Mpad, desc_hi);
+  if (grid == 0) grid = std::min<int64_t>(units, int64_t(sm_count()));
+  kernel<<<unsigned(grid), kWsThreads, SMEM, s>>>(a, Mpad, desc_hi);
   QHEAD_CUDA_CHECK_LAUNCH("logits_wgmma_ws_kernel");
 }
 
@@ -2121,17 +2267,35 @@ inline int wgmma_ws_min_m() {
   if (env_int("QHEAD_CUDA_WGMMA_WS", 1) == 0) return 1 << 30;
   return std::max(1, env_int("QHEAD_CUDA_WGMMA_WS_MIN_M", kWgmmaWsMinM));
 }
+// Whether topk may take the v14 list epilogue for M rows: where logits takes v14.
+inline bool topk_lists_apply(int M) { return M >= gemm_min_m() && M >= wgmma_min_m() && M >= wgmma_ws_min_m(); }
 
 // A GEMM for this shape (wgmma on sm_90, else mma.sync), or false (the GEMV
 // kernels run then).
-template <int BITS, class T>
-bool launch_gemm(LogitsArgs& a, cudaStream_t s) {
-  if (a.M < gemm_min_m()) return false;
+// Calls go(std::integral_constant<int, GS>()) for the GEMMs' group layout of
+// this shape (GS: 16-byte segments per group; 0: groups of whole stages, with
+// a.st_spg set) and returns true, or false when the GEMMs do not take it.
+template <int BITS, class Go>
+bool gemm_group_layout(LogitsArgs& a, Go&& go) {
   const int64_t row_bytes = int64_t(a.H) * BITS / 8;
   if (row_bytes % kGemmC != 0) return false;
   const int gbytes = a.group * BITS / 8;
   if (gbytes % 16 != 0) return false;
   const int segs = gbytes / 16;
+  constexpr int SPS = kGemmC / 16;
+  if constexpr (BITS == 4) {
+    if (segs == 1) return go(std::integral_constant<int, 1>()), true;
+  }
+  if (segs == 2) return go(std::integral_constant<int, 2>()), true;
+  if (segs == 4) return go(std::integral_constant<int, 4>()), true;
+  if (segs % SPS != 0) return false;
+  a.st_spg = segs / SPS;
+  return go(std::integral_constant<int, 0>()), true;
+}
+
+template <int BITS, class T>
+bool launch_gemm(LogitsArgs& a, cudaStream_t s) {
+  if (a.M < gemm_min_m()) return false;
   const bool asym = a.zp != nullptr;
   const bool wg = a.M >= wgmma_min_m();
   auto go = [&](auto gs) {
@@ -2151,15 +2315,37 @@ bool launch_gemm(LogitsArgs& a, cudaStream_t s) {
     if (a.M <= 32) return asym ? launch_gemm_cfg<BITS, T, 4, GS, true>(a, s) : launch_gemm_cfg<BITS, T, 4, GS, false>(a, s);
     return asym ? launch_gemm_cfg<BITS, T, 8, GS, true>(a, s) : launch_gemm_cfg<BITS, T, 8, GS, false>(a, s);
   };
-  constexpr int SPS = kGemmC / 16;
-  if constexpr (BITS == 4) {
-    if (segs == 1) return go(std::integral_constant<int, 1>()), true;
-  }
-  if (segs == 2) return go(std::integral_constant<int, 2>()), true;
-  if (segs == 4) return go(std::integral_constant<int, 4>()), true;
-  if (segs % SPS != 0) return false;
-  a.st_spg = segs / SPS;
-  return go(std::integral_constant<int, 0>()), true;
+  return gemm_group_layout<BITS>(a, go);
+}
+
+// The top-k lists epilogue (v14, 128 columns per CTA) for a.tk_thr: sets
+// a.tk_list / tk_count / tk_sum / tk_nseg / tk_seg_cap from ws and returns
+// tk_nseg, or 0 when the kernel does not take the shape (no sm_90, a group
+// layout the GEMMs do not take, more column tiles than SMs). The grid is C
+// CTAs per column tile; CTA c of a column tile takes its vocab tiles c,
+// c + C, ...; its 8 consumer warps own segments 8c .. 8c + 7 of each column.
+template <int BITS, class T>
+int launch_gemm_topk_lists(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
+  if (!device_has_wgmma()) return 0;
+  constexpr int BV = 128, BN = 128;
+  const int64_t nmt = (a.M + BN - 1) / BN, tiles = (a.V + BV - 1) / BV;
+  const int64_t C = std::min<int64_t>(tiles, sm_count() / nmt);
+  if (C < 1) return 0;
+  const int64_t seg_cap = 16 * ((tiles + C - 1) / C), nseg = 8 * C;
+  const size_t n = size_t(a.M) * size_t(nseg);
+  char* w = static_cast<char*>(ws(n * size_t(seg_cap) * 8 + n * 8));
+  a.tk_list = reinterpret_cast<uint64_t*>(w);
+  a.tk_count = reinterpret_cast<uint32_t*>(w + n * size_t(seg_cap) * 8);
+  a.tk_sum = reinterpret_cast<float*>(a.tk_count + n);
+  a.tk_nseg = int(nseg);
+  a.tk_seg_cap = int(seg_cap);
+  const bool asym = a.zp != nullptr;
+  auto go = [&](auto gs) {
+    constexpr int GS = decltype(gs)::value;
+    if (asym) launch_wgmma_ws_cfg<BITS, T, BN, GS, true, true>(a, s, C * nmt);
+    else launch_wgmma_ws_cfg<BITS, T, BN, GS, false, true>(a, s, C * nmt);
+  };
+  return gemm_group_layout<BITS>(a, go) ? int(nseg) : 0;
 }
 
 // Bytes per lane per chunk for a group of `group` h: the quad's 4·L bytes
@@ -2183,7 +2369,6 @@ void permute_x(const LogitsArgs& a, cudaStream_t s) {
 
 // The workspace the fused top-k writes: gives the caller's scratch buffer of
 // at least `bytes` (device memory, reused between calls).
-using TopkWorkspaceFn = void* (*)(size_t bytes);
 
 constexpr int kTopkMaxSmem = 160 * 1024;  // shared memory per CTA above which the fused top-k is not taken
 
@@ -2393,7 +2578,9 @@ void launch_logits_l(const LogitsArgs& a, cudaStream_t s) {
 // it fits, else the register-ring kernel. launch_logits_topk runs the staged
 // kernel with the top-k epilogue and returns the number of partial results
 // per activation row it wrote (a.tk_cand, a.tk_part), or 0 when the shape
-// has no fused top-k (the caller computes logits, then selects).
+// has no fused top-k (the caller computes logits, then selects); with
+// a.tk_lists it runs the v14 kernel's list epilogue instead and returns the
+// segments per activation row (launch_gemm_topk_lists).
 template <int BITS, class T>
 bool launch_logits(const LogitsArgs& a, cudaStream_t s) {
   const int l = pick_piece_bytes(BITS, a.group);
@@ -2418,6 +2605,7 @@ bool launch_logits(const LogitsArgs& a, cudaStream_t s) {
 template <int BITS, class T>
 int launch_logits_topk(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
   const int l = pick_piece_bytes(BITS, a.group);
+  if (a.tk_lists) return l == 0 ? 0 : launch_gemm_topk_lists<BITS, T>(a, s, ws);
   if (l == 0 || a.M > 8) return 0;
   return std::max(0, launch_staged<BITS, T, true>(a, s, ws));
 }

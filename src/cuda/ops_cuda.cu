@@ -38,6 +38,7 @@ enum WorkspaceSlot : int {
   kWsLogits,           // [M, V] logits the top-k reads
   kWsTopkCandidates,   // level-0 top-k candidates and partial sums
   kWsTopkLevels,       // the merge levels' candidates (two buffers)
+  kWsTopkSample,       // the list top-k's threshold sample: sub-table, its top-k entries
   kWsEmbedFlag,        // embed's out-of-range flag
   kWsCount
 };
@@ -505,6 +506,131 @@ void launch_select(dim3 grid, const SelectArgs& a, cudaStream_t s) {
   QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel");
 }
 
+// ---- the list top-k (v14 epilogue, logits.cuh) -------------------------------------------
+
+// The threshold sample's whole 128-row tiles of a packed table's arrays
+// (codes, scales, zero points): block (x, j, z) copies tile j of array z,
+// words[z] 16-byte words from src[z] + j·stride[z] to dst[z] + j·words[z].
+struct GatherArgs {
+  const uint4* src[3];
+  uint4* dst[3];
+  int64_t words[3], stride[3];
+};
+__global__ void gather_blocks_kernel(const GatherArgs a) {
+  const int z = blockIdx.z;
+  const int64_t j = blockIdx.y, words = a.words[z];
+  const uint4* src = a.src[z] + j * a.stride[z];
+  uint4* dst = a.dst[z] + j * words;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words; i += int64_t(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+
+struct ListsArgs {
+  const uint64_t* list;   // [M, nseg, seg_cap] entries >= the row's threshold
+  const uint32_t* count;  // [M, nseg] entries per list
+  const float* sum;       // [M, nseg] Σ exp(min(l − threshold, 0)): the listed logits add 1 each
+  const uint64_t* thr;    // the sample's top-k entries (list_threshold), or nullptr
+  int nseg, seg_cap, k;
+  float* values;  // [M, k]
+  int* ids;       // [M, k]
+  float* lse;     // [M]
+};
+constexpr int64_t kListChunk = kSlice - kTopkGather;  // new entries per selection round
+
+template <class F>
+__device__ __forceinline__ void for_list_entries(const ListsArgs& a, const unsigned* base, int s0, int s1,
+                                                 int64_t lo, int64_t hi, F&& f) {
+  const uint64_t* lists = a.list + int64_t(blockIdx.x) * a.nseg * a.seg_cap;
+  for (int s = s0; s < s1; ++s) {
+    const int64_t b = base[s], from = b > lo ? b : lo, e = base[s + 1], to = e < hi ? e : hi;
+    for (int64_t i = from; i < to; ++i) f(i, lists[int64_t(s) * a.seg_cap + (i - b)]);
+  }
+}
+
+// One block per row m: the exact top-k of the row's candidate lists — in
+// rounds of up to kListChunk entries plus the best k so far, so that any
+// total fits (all logits tied: every logit is a candidate) — and the lse:
+// the candidates' exps plus the kernel's sums below the threshold, in double.
+__global__ void __launch_bounds__(kSelThreads) topk_lists_kernel(const ListsArgs a) {
+  __shared__ SelectSmem sm;
+  __shared__ uint64_t keep[kTopkGather];
+  __shared__ double dred[kSelThreads / 32];
+  extern __shared__ __align__(16) unsigned char sel_items[];
+  uint64_t* items = reinterpret_cast<uint64_t*>(sel_items);     // [kSlice], item i = j·T + thread
+  unsigned* base = reinterpret_cast<unsigned*>(items + kSlice);  // [nseg + 1] each list's first position in the row
+  const int m = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = kSelThreads / 32;
+  // 1. The lists' positions: thread tid takes the contiguous segments [s0, s1); a block-wide exclusive scan.
+  const uint32_t* cnt = a.count + int64_t(m) * a.nseg;
+  const int per = (a.nseg + kSelThreads - 1) / kSelThreads;
+  const int s0 = min(a.nseg, tid * per), s1 = min(a.nseg, s0 + per);
+  unsigned c = 0;
+  for (int s = s0; s < s1; ++s) c += cnt[s];
+  unsigned incl = c;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  if (lane == 31) sm.wsum[w] = incl;
+  __syncthreads();
+  unsigned off = incl - c, total = 0;
+  for (int i = 0; i < nw; ++i) {
+    const unsigned t = sm.wsum[i];
+    off += i < w ? t : 0u;
+    total += t;
+  }
+  for (int s = s0; s < s1; ++s) {
+    base[s] = off;
+    off += cnt[s];
+  }
+  if (tid == kSelThreads - 1) base[a.nseg] = total;
+  __syncthreads();
+  // 2. Selection rounds.
+  const int k = a.k;
+  int nkeep = 0;
+  for (int64_t lo = 0;; lo += kListChunk) {
+    const int64_t hi = min(int64_t(total), lo + kListChunk);
+    const int per = max(1, int((nkeep + (hi - lo) + kSelThreads - 1) / kSelThreads));  // items per thread this round
+    for (int i = tid; i < per * kSelThreads; i += kSelThreads) items[i] = i < nkeep ? keep[i] : 0ull;
+    __syncthreads();
+    for_list_entries(a, base, s0, s1, lo, hi, [&](int64_t i, uint64_t e) { items[nkeep + (i - lo)] = e; });
+    __syncthreads();
+    auto for_each = [&](auto&& f) {
+#pragma unroll 4
+      for (int j = 0; j < per; ++j) f(items[j * kSelThreads + tid]);
+    };
+    uint64_t my_max = 0;
+    for_each([&](uint64_t e) { my_max = e > my_max ? e : my_max; });
+    block_select(for_each, my_max, k, [&](int j, uint64_t e) { keep[j] = e; }, sm);  // ends with a barrier
+    nkeep = k;
+    if (hi >= int64_t(total)) break;
+  }
+  for (int j = tid; j < k; j += kSelThreads) {
+    a.values[int64_t(m) * k + j] = entry_value(keep[j]);
+    a.ids[int64_t(m) * k + j] = entry_id(keep[j]);
+  }
+  // 3. lse = mx + log(Σ_candidates exp(l − mx) + exp(thr − mx) · Σ_lists sum), mx = max(best, thr).
+  const float thr = list_threshold(a.thr, k, m);
+  const double mx = fmax(keep[0] ? double(entry_value(keep[0])) : -INFINITY, double(thr));
+  double t = 0.0;
+  for_list_entries(a, base, s0, s1, 0, total, [&](int64_t, uint64_t e) { t += exp(double(entry_value(e)) - mx); });
+  if (thr != -INFINITY) {  // each listed logit added exactly 1 to its segment's sum (topk_lists_tile)
+    const double f = exp(double(thr) - mx);
+    for (int s = tid; s < a.nseg; s += kSelThreads) {
+      const int64_t i = int64_t(m) * a.nseg + s;
+      t += fmax(double(a.sum[i]) - double(a.count[i]), 0.0) * f;
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  if (lane == 0) dred[w] = t;
+  __syncthreads();
+  if (tid == 0) {
+    double u = 0.0;
+    for (int i = 0; i < nw; ++i) u += dred[i];
+    a.lse[m] = float(mx + log(u));
+  }
+}
+
 // rescore: one warp per (row, candidate) dot product in f32; then per row a sort.
 template <class XT, class WT>
 __global__ void rescore_dots_kernel(const WT* __restrict__ w, const XT* __restrict__ x, const void* cand, bool cand64,
@@ -734,6 +860,94 @@ void merge_topk(const uint64_t* cand, const float2* part, int P0, int64_t M, int
   launch_select<uint64_t>(dim3(1u, unsigned(M)), a, s);
 }
 
+// The threshold sample of the list top-k: kListSampleTiles whole 128-row tiles
+// spread evenly over the vocab (kSlice rows: one selection block per row).
+constexpr int64_t kListSampleTiles = kSlice / 128;
+// kAuto takes the list top-k from this vocab up (a sample of at most a quarter
+// of the rows) and from this many rows: below, logits + selection was as fast
+// or faster on the H200 (M = 128: 210 vs 208 us on 151936x1024 w4g64, 402 vs
+// 363 us on 128256x4096 w4g128; M = 192: 320 vs 337 us; docs/performance.md).
+constexpr int64_t kListMinVocab = 4 * kSlice;
+constexpr int64_t kListMinRowsAuto = 192;
+
+// The list top-k (v14 epilogue, M > 64 on sm_90): the sample's logits and
+// their top-k give each row's threshold; the main pass writes the candidate
+// lists and the sums below the thresholds; one block per row merges. False
+// when it does not apply (the caller computes logits, then selects).
+bool topk_lists(const Table& table, const TensorView& x, int64_t k, float* values, int* ids, float* lse) {
+  LogitsArgs a;
+  if (!fused_args(table, x, a)) return false;
+  const PackedTable& p = table.packed();
+  const bool f16 = x.dtype == DType::kF16, w4 = p.scheme.bits == 4;
+  const auto logits_fn = w4 ? (f16 ? launch_logits_w4_f16 : launch_logits_w4_bf16)
+                            : (f16 ? launch_logits_w8_f16 : launch_logits_w8_bf16);
+  const auto topk_fn = w4 ? (f16 ? launch_logits_topk_w4_f16 : launch_logits_topk_w4_bf16)
+                          : (f16 ? launch_logits_topk_w8_f16 : launch_logits_topk_w8_bf16);
+  cudaStream_t s = current_stream();
+  const int64_t M = a.M, full = a.V / 128, ns = std::min(kListSampleTiles, full);
+  a.k = static_cast<int>(k);
+  if (ns * 128 >= k) {  // else no threshold: every logit is a candidate
+    const int64_t stride = full / ns, row_bytes = int64_t(a.H) * p.scheme.bits / 8;
+    const int64_t tile[3] = {128 * row_bytes, 128 * int64_t(a.groups) * (a.scale_type == kScaleF32 ? 4 : 2),
+                             a.zp ? 128 * p.scheme.bits / 32 * int64_t(a.groups) * 4 : 0};
+    const int64_t sub = ns * (tile[0] + tile[1] + tile[2]), Vs = ns * 128;
+    char* w = static_cast<char*>(workspace(kWsTopkSample, size_t(sub + M * k * 8 + M * 8)));
+    const void* src[3] = {a.packed, a.scale, a.zp};
+    GatherArgs ga;
+    char* dst = w;
+    int arrays = 0;
+    for (int i = 0; i < 3; ++i) {
+      if (tile[i] == 0) continue;
+      ga.src[arrays] = static_cast<const uint4*>(src[i]);
+      ga.dst[arrays] = reinterpret_cast<uint4*>(dst);
+      ga.words[arrays] = tile[i] / 16;
+      ga.stride[arrays] = stride * (tile[i] / 16);
+      dst += ns * tile[i];
+      ++arrays;
+    }
+    gather_blocks_kernel<<<dim3(unsigned(std::min<int64_t>(blocks_for(tile[0] / 16, 256), 16)), unsigned(ns), unsigned(arrays)),
+                           256, 0, s>>>(ga);
+    QHEAD_CUDA_CHECK_LAUNCH("gather_blocks_kernel");
+    LogitsArgs b = a;
+    b.packed = reinterpret_cast<const uint32_t*>(w);
+    b.scale = w + ns * tile[0];
+    b.zp = a.zp ? reinterpret_cast<const uint32_t*>(w + ns * (tile[0] + tile[1])) : nullptr;
+    b.V = Vs;
+    b.ldo = Vs;
+    b.out = static_cast<float*>(workspace(kWsLogits, size_t(M * Vs) * sizeof(float)));
+    b.gemm_only = true;
+    if (logits_fn(b, s)) {
+      SelectArgs sa;
+      sa.in = b.out;
+      sa.n = Vs;
+      sa.k = int(k);
+      sa.cand = reinterpret_cast<uint64_t*>(w + sub);
+      sa.part = reinterpret_cast<float2*>(sa.cand + M * k);
+      launch_select<float>(dim3(1u, unsigned(M)), sa, s);  // Vs <= kSlice: one block per row
+      a.tk_thr = sa.cand;
+    }
+  }
+  a.tk_lists = true;
+  if (topk_fn(a, s, topk_workspace) == 0) return false;
+  ListsArgs la;
+  la.list = a.tk_list;
+  la.count = a.tk_count;
+  la.sum = a.tk_sum;
+  la.thr = a.tk_thr;
+  la.nseg = a.tk_nseg;
+  la.seg_cap = a.tk_seg_cap;
+  la.k = int(k);
+  la.values = values;
+  la.ids = ids;
+  la.lse = lse;
+  // Dynamic shared memory: the items and the list positions (sized once for the most segments).
+  const int smem = int(kSlice * 8) + (8 * sm_count() + 1) * 4;
+  allow_dynamic_smem<topk_lists_kernel>(smem);
+  topk_lists_kernel<<<unsigned(M), kSelThreads, smem, s>>>(la);
+  QHEAD_CUDA_CHECK_LAUNCH("topk_lists_kernel");
+  return true;
+}
+
 void topk_impl(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
                const TensorView& lse, Backend backend, bool allow_epilogue) {
   check_act(x, "topk");
@@ -744,14 +958,19 @@ void topk_impl(const Table& table, const TensorView& x, int64_t k, const TensorV
   float* ov = values.ptr<float>();
   int* oi = ids.ptr<int>();
   float* ol = lse.ptr<float>();
-  // kFused: the logits kernel keeps per (row, CTA) its best k and (max, Σ exp);
-  // the [M, V] logits never reach memory. Then the merge levels. kAuto does
-  // not take it: on the H200 logits + selection is faster (67 vs 78 us at
-  // M = 1, 151936x1024 w4g64; docs/performance.md).
+  // kFused, M <= 8: the staged kernel keeps per (row, CTA) its best k and
+  // (max, Σ exp); the [M, V] logits never reach memory. Then the merge levels.
+  // kAuto does not take it: on the H200 logits + selection is faster (67 vs
+  // 78 us at M = 1, 151936x1024 w4g64; docs/performance.md).
   if (allow_epilogue && backend == Backend::kFused && k <= kFusedTopkMaxK) {
     LogitsArgs a;
     if (const int nblk = fused_topk(table, x, k, a)) return merge_topk(a.tk_cand, a.tk_part, nblk, M, k, ov, oi, ol);
   }
+  // Above 64 rows on sm_90 (kFused; kAuto from kListMinRowsAuto rows on large vocabs) the v14 GEMM's list epilogue.
+  if (allow_epilogue && k <= kFusedTopkMaxK && topk_lists_apply(int(M)) &&
+      (backend == Backend::kFused || (backend == Backend::kAuto && V >= kListMinVocab && M >= kListMinRowsAuto)) &&
+      topk_lists(table, x, k, ov, oi, ol))
+    return;
   // Otherwise logits into a workspace; slices of logits per block select
   // their best k, then the same merge. The first level takes slices of a
   // quarter of kSlice while that grid is at most two waves (8 blocks resident
