@@ -298,15 +298,11 @@ __device__ __forceinline__ bool radix_pass(ForEach&& for_each, int shift, uint64
   return true;
 }
 
-// Gathers the entries >= tau into sm.pool; returns the count (may exceed
-// kSelPool: then only kSelPool were stored). Each thread counts its own
-// takers, a block-wide exclusive scan of the counts gives each thread its
-// first slot: no per-entry atomics or votes.
-template <class ForEach>
-__device__ __forceinline__ unsigned gather(ForEach&& for_each, uint64_t tau, SelectSmem& sm) {
+// Block-wide exclusive scan of one count per thread: the sum of the counts of
+// the threads before this one; `total` gets the block's sum. Ends with the
+// block synchronized (sm.wsum is free again after the caller's next barrier).
+__device__ __forceinline__ unsigned block_exclusive_scan(unsigned c, unsigned& total, SelectSmem& sm) {
   const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  unsigned c = 0;
-  for_each([&](uint64_t e) { c += (e && e >= tau) ? 1u : 0u; });
   unsigned incl = c;  // inclusive scan within the warp
 #pragma unroll
   for (int o = 1; o < 32; o <<= 1) {
@@ -315,12 +311,26 @@ __device__ __forceinline__ unsigned gather(ForEach&& for_each, uint64_t tau, Sel
   }
   if (lane == 31) sm.wsum[w] = incl;
   __syncthreads();
-  unsigned base = incl - c, total = 0;
+  unsigned before = incl - c;
+  total = 0;
   for (int i = 0; i < nw; ++i) {
     const unsigned t = sm.wsum[i];
-    base += i < w ? t : 0u;
+    before += i < w ? t : 0u;
     total += t;
   }
+  return before;
+}
+
+// Gathers the entries >= tau into sm.pool; returns the count (may exceed
+// kSelPool: then only kSelPool were stored). Each thread counts its own
+// takers, a block-wide exclusive scan of the counts gives each thread its
+// first slot: no per-entry atomics or votes.
+template <class ForEach>
+__device__ __forceinline__ unsigned gather(ForEach&& for_each, uint64_t tau, SelectSmem& sm) {
+  unsigned c = 0;
+  for_each([&](uint64_t e) { c += (e && e >= tau) ? 1u : 0u; });
+  unsigned total;
+  unsigned base = block_exclusive_scan(c, total, sm);
   for_each([&](uint64_t e) {
     if (e && e >= tau) {
       if (base < unsigned(kSelPool)) sm.pool[base] = e;
@@ -565,20 +575,8 @@ __global__ void __launch_bounds__(kSelThreads) topk_lists_kernel(const ListsArgs
   const int s0 = min(a.nseg, tid * per), s1 = min(a.nseg, s0 + per);
   unsigned c = 0;
   for (int s = s0; s < s1; ++s) c += cnt[s];
-  unsigned incl = c;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned y = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += y;
-  }
-  if (lane == 31) sm.wsum[w] = incl;
-  __syncthreads();
-  unsigned off = incl - c, total = 0;
-  for (int i = 0; i < nw; ++i) {
-    const unsigned t = sm.wsum[i];
-    off += i < w ? t : 0u;
-    total += t;
-  }
+  unsigned total;
+  unsigned off = block_exclusive_scan(c, total, sm);
   for (int s = s0; s < s1; ++s) {
     base[s] = off;
     off += cnt[s];
