@@ -1853,8 +1853,9 @@ using TopkWorkspaceFn = void* (*)(size_t bytes);
 // dropped. The kernel appends each logit >= the threshold, as an entry, to
 // the list of its (column, CTA warp) — positions by ballot, no atomics — and
 // sums exp(min(l − threshold, 0)) (each term <= 1: no overflow, no running
-// max; the listed logits add exactly 1 each, subtracted by the merge). The merge (ops_cuda.cu) selects from the lists and adds the
-// candidates' exps to the sums. A list holds at most the 16 rows × units its
+// max; the listed logits add exactly 1 each, subtracted by the merge). The
+// merge (ops_cuda.cu) selects from the lists and adds the candidates' exps to
+// the sums. A list holds at most the 16 rows × units its
 // warp computes, so the launcher sizes it and it cannot overflow.
 
 // Column m's threshold from the sample's top-k entries (best first): the k-th
@@ -1959,7 +1960,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
   extern __shared__ __align__(128) unsigned char ws_smem[];
   __shared__ __align__(8) uint64_t bars[2 * NS];  // full[0, NS), empty[NS, 2·NS)
   // TOPK (topk_lists_tile): the CTA's columns' thresholds; each consumer warp's list lengths, and its
-  // sums below the thresholds per column and lane row.
+  // sums of exp(min(l − thr, 0)) per column and lane row.
   __shared__ float2 thr_s[TOPK ? BN : 1];
   __shared__ uint32_t cnt_s[TOPK ? 8 : 1][TOPK ? BN : 1];
   __shared__ float sum_s[TOPK ? 8 : 1][TOPK ? BN * 8 : 1];
