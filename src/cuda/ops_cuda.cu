@@ -744,6 +744,21 @@ bool fused_args(const Table& table, const TensorView& x, LogitsArgs& a) {
   return true;
 }
 
+void* topk_workspace(size_t bytes) { return workspace(kWsTopkCandidates, bytes); }
+
+// The launchers of logits.cuh for the table's bits and x's dtype (one .cu each).
+bool launch_fused_logits(const Table& table, const TensorView& x, const LogitsArgs& a, cudaStream_t s) {
+  const bool f16 = x.dtype == DType::kF16;
+  if (table.packed().scheme.bits == 4) return f16 ? launch_logits_w4_f16(a, s) : launch_logits_w4_bf16(a, s);
+  return f16 ? launch_logits_w8_f16(a, s) : launch_logits_w8_bf16(a, s);
+}
+int launch_fused_topk(const Table& table, const TensorView& x, LogitsArgs& a, cudaStream_t s) {
+  const bool f16 = x.dtype == DType::kF16;
+  if (table.packed().scheme.bits == 4)
+    return f16 ? launch_logits_topk_w4_f16(a, s, topk_workspace) : launch_logits_topk_w4_bf16(a, s, topk_workspace);
+  return f16 ? launch_logits_topk_w8_f16(a, s, topk_workspace) : launch_logits_topk_w8_bf16(a, s, topk_workspace);
+}
+
 // Fused logits into out (ld ldo); returns false when the table/shape has no fast path.
 bool fused_logits(const Table& table, const TensorView& x, float* out, int64_t ldo, bool gemm_only) {
   LogitsArgs a;
@@ -752,24 +767,15 @@ bool fused_logits(const Table& table, const TensorView& x, float* out, int64_t l
   a.ldo = ldo;
   a.gemm_only = gemm_only;
   if (a.M == 0 || a.V == 0) return true;
-  cudaStream_t s = current_stream();
-  const bool f16 = x.dtype == DType::kF16;
-  if (table.packed().scheme.bits == 4) return f16 ? launch_logits_w4_f16(a, s) : launch_logits_w4_bf16(a, s);
-  return f16 ? launch_logits_w8_f16(a, s) : launch_logits_w8_bf16(a, s);
+  return launch_fused_logits(table, x, a, current_stream());
 }
-
-void* topk_workspace(size_t bytes) { return workspace(kWsTopkCandidates, bytes); }
 
 // The fused kernel with the top-k epilogue: fills a.tk_cand / a.tk_part and
 // returns their partial count per row, or 0 when it launched nothing.
 int fused_topk(const Table& table, const TensorView& x, int64_t k, LogitsArgs& a) {
   if (!fused_args(table, x, a)) return 0;
   a.k = static_cast<int>(k);
-  cudaStream_t s = current_stream();
-  const bool f16 = x.dtype == DType::kF16;
-  if (table.packed().scheme.bits == 4)
-    return f16 ? launch_logits_topk_w4_f16(a, s, topk_workspace) : launch_logits_topk_w4_bf16(a, s, topk_workspace);
-  return f16 ? launch_logits_topk_w8_f16(a, s, topk_workspace) : launch_logits_topk_w8_bf16(a, s, topk_workspace);
+  return launch_fused_topk(table, x, a, current_stream());
 }
 
 }  // namespace
@@ -876,11 +882,6 @@ bool topk_lists(const Table& table, const TensorView& x, int64_t k, float* value
   LogitsArgs a;
   if (!fused_args(table, x, a)) return false;
   const PackedTable& p = table.packed();
-  const bool f16 = x.dtype == DType::kF16, w4 = p.scheme.bits == 4;
-  const auto logits_fn = w4 ? (f16 ? launch_logits_w4_f16 : launch_logits_w4_bf16)
-                            : (f16 ? launch_logits_w8_f16 : launch_logits_w8_bf16);
-  const auto topk_fn = w4 ? (f16 ? launch_logits_topk_w4_f16 : launch_logits_topk_w4_bf16)
-                          : (f16 ? launch_logits_topk_w8_f16 : launch_logits_topk_w8_bf16);
   cudaStream_t s = current_stream();
   const int64_t M = a.M, full = a.V / 128, ns = std::min(kListSampleTiles, full);
   a.k = static_cast<int>(k);
@@ -914,7 +915,7 @@ bool topk_lists(const Table& table, const TensorView& x, int64_t k, float* value
     b.ldo = Vs;
     b.out = static_cast<float*>(workspace(kWsLogits, size_t(M * Vs) * sizeof(float)));
     b.gemm_only = true;
-    if (logits_fn(b, s)) {
+    if (launch_fused_logits(table, x, b, s)) {
       SelectArgs sa;
       sa.in = b.out;
       sa.n = Vs;
@@ -926,7 +927,7 @@ bool topk_lists(const Table& table, const TensorView& x, int64_t k, float* value
     }
   }
   a.tk_lists = true;
-  if (topk_fn(a, s, topk_workspace) == 0) return false;
+  if (launch_fused_topk(table, x, a, s) == 0) return false;
   ListsArgs la;
   la.list = a.tk_list;
   la.count = a.tk_count;
