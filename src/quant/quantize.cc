@@ -65,15 +65,22 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
   std::atomic<int64_t> bad_row{-1};
   // Progress: each worker adds its rows every kTick rows; whoever holds the
   // mutex reports (a busy mutex skips the call, the next one catches up).
+  // The count is read under the mutex, not taken from the worker's own
+  // fetch_add: a worker that added first may reach the mutex last, and the
+  // calls must never go backwards.
   constexpr int64_t kTick = 256;
   std::atomic<int64_t> rows_done{0};
   std::mutex progress_mu;
+  int64_t reported = 0;  // guarded by progress_mu
   auto report = [&](int64_t n) {
-    const int64_t d = rows_done.fetch_add(n) + n;
-    if (progress && d < v && progress_mu.try_lock()) {
+    rows_done.fetch_add(n);
+    if (!progress || !progress_mu.try_lock()) return;
+    const int64_t d = rows_done.load();
+    if (d > reported && d < v) {
       progress(d, v);
-      progress_mu.unlock();
+      reported = d;
     }
+    progress_mu.unlock();
   };
   parallel_for(v, 64, [&](int64_t rb, int64_t re) {
     std::vector<float> x(static_cast<size_t>(h));
