@@ -38,6 +38,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -46,6 +47,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "qhead/error.h"
@@ -851,6 +853,55 @@ TEST(Ops, EmptyBatchFallbackBlas) {
 // The convenience overloads allocate the documented shapes and agree with the
 // out-parameter forms on the auto backend (what they run); logits_fallback is
 // the BLAS backend.
+// Several user threads calling the CPU ops at once, on the same tables
+// (ops.h, "Threads"): every call returns exactly what it returns alone.
+// (Also run under ThreadSanitizer: docs/architecture.md, "Ops and dispatch".)
+TEST(Ops, ConcurrentCallsFromSeveralThreads) {
+  const Table t4 = Table::packed(qt::random_packed(5003, 256, QuantScheme::parse("w4g64a", DType::kBF16), 31), "t4");
+  const Table t8 = Table::packed(qt::random_packed(3001, 256, QuantScheme::parse("w8g128", DType::kF16), 32), "t8");
+  const Table* tables[2] = {&t4, &t8};
+  const Acts a = make_acts(DType::kF32, 5, 256, 33);
+  const std::vector<int64_t> id_list = {0, 3000, 17, 17, 2999, 1};
+  const Tensor ids = make_ids(id_list, DType::kI32);
+  struct Want {
+    Tensor logits;
+    qhead::TopK top;
+    Tensor rows;
+  } want[2];
+  for (int i = 0; i < 2; ++i) {
+    want[i].logits = qhead::logits(*tables[i], a.x.view());
+    want[i].top = qhead::topk(*tables[i], a.x.view(), 9);
+    want[i].rows = qhead::embed(*tables[i], ids.view());
+  }
+  auto same = [](const Tensor& x, const Tensor& y) {
+    return x.nbytes() == y.nbytes() && std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
+  };
+  constexpr int kThreads = 4, kRounds = 6;
+  std::atomic<int> mismatches{0}, calls{0};
+  std::vector<std::thread> users;
+  for (int u = 0; u < kThreads; ++u)
+    users.emplace_back([&, u] {
+      for (int r = 0; r < kRounds; ++r) {
+        const int i = (u + r) % 2;
+        const Table& t = *tables[i];
+        Tensor l = Tensor::empty(DType::kF32, {a.m, t.vocab()});
+        qt::poison(l.view());
+        qhead::logits(t, a.x.view(), l.view());
+        const qhead::TopK top = qhead::topk(t, a.x.view(), 9);
+        const Tensor rows = qhead::embed(t, ids.view());
+        if (!same(l, want[i].logits)) ++mismatches;
+        if (!same(top.values, want[i].top.values) || !same(top.ids, want[i].top.ids) ||
+            !same(top.logsumexp, want[i].top.logsumexp))
+          ++mismatches;
+        if (!same(rows, want[i].rows)) ++mismatches;
+        calls += 3;
+      }
+    });
+  for (auto& th : users) th.join();
+  EXPECT_EQ(calls.load(), 3 * kThreads * kRounds);
+  EXPECT_EQ(mismatches.load(), 0);
+}
+
 TEST(Ops, ConvenienceFormsAgree) {
   const Table t = Table::packed(qt::random_packed(300, 128, QuantScheme::parse("w4g32a", DType::kBF16), 6), "t");
   const Acts a = make_acts(DType::kBF16, 4, 128, 7);

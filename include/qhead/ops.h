@@ -5,6 +5,15 @@
 // test oracle and the fallback for anything a fast path does not take.
 //
 // Shapes: table [V, H]; ids [N]; x [M, H]; logits [M, V]; top-k [M, k].
+//
+// Threads. The ops never write a table. On CPU tables they may be called
+// from several threads at once, on the same or on different tables: the
+// calls share the one worker pool (set_num_threads) and take turns on it,
+// so they run one after another at full width, and each returns exactly
+// what it returns alone (tests/test_ops.cc, ConcurrentCallsFromSeveralThreads).
+// On CUDA tables, call from one host thread at a time: the kernels' scratch
+// buffers are process-wide and ordered only by the stream. The set_*
+// functions below are process-wide settings: change them between ops.
 #pragma once
 
 #include <cstdint>
