@@ -12,6 +12,7 @@
 #include "qhead/quantize.h"
 #include "qhead/safetensors.h"
 #include "qhead/table.h"
+#include "test_util.h"
 
 namespace qhead {
 namespace {
@@ -36,9 +37,7 @@ Case read_case(const SafetensorsFile& f) {
   return c;
 }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
+using test::same_bytes;
 
 class CompressedTensors : public ::testing::TestWithParam<const char*> {};
 

@@ -49,9 +49,7 @@ std::string slurp(const fs::path& p) {
 
 json read_json(const fs::path& p) { return json::parse(slurp(p)); }
 
-bool same_bytes(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
+using test::same_bytes;
 
 struct DenseModel {
   bool tied = false;

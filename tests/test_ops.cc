@@ -850,9 +850,6 @@ TEST(Ops, EmptyBatchFallbackBlas) {
   }
 }
 
-// The convenience overloads allocate the documented shapes and agree with the
-// out-parameter forms on the auto backend (what they run); logits_fallback is
-// the BLAS backend.
 // Several user threads calling the CPU ops at once, on the same tables
 // (ops.h, "Threads"): every call returns exactly what it returns alone.
 // (Also run under ThreadSanitizer: docs/architecture.md, "Ops and dispatch".)
@@ -873,9 +870,6 @@ TEST(Ops, ConcurrentCallsFromSeveralThreads) {
     want[i].top = qhead::topk(*tables[i], a.x.view(), 9);
     want[i].rows = qhead::embed(*tables[i], ids.view());
   }
-  auto same = [](const Tensor& x, const Tensor& y) {
-    return x.nbytes() == y.nbytes() && std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
-  };
   constexpr int kThreads = 4, kRounds = 6;
   std::atomic<int> mismatches{0}, calls{0};
   std::vector<std::thread> users;
@@ -889,11 +883,11 @@ TEST(Ops, ConcurrentCallsFromSeveralThreads) {
         qhead::logits(t, a.x.view(), l.view());
         const qhead::TopK top = qhead::topk(t, a.x.view(), 9);
         const Tensor rows = qhead::embed(t, ids.view());
-        if (!same(l, want[i].logits)) ++mismatches;
-        if (!same(top.values, want[i].top.values) || !same(top.ids, want[i].top.ids) ||
-            !same(top.logsumexp, want[i].top.logsumexp))
+        if (!qt::same_bytes(l, want[i].logits)) ++mismatches;
+        if (!qt::same_bytes(top.values, want[i].top.values) || !qt::same_bytes(top.ids, want[i].top.ids) ||
+            !qt::same_bytes(top.logsumexp, want[i].top.logsumexp))
           ++mismatches;
-        if (!same(rows, want[i].rows)) ++mismatches;
+        if (!qt::same_bytes(rows, want[i].rows)) ++mismatches;
         calls += 3;
       }
     });
@@ -902,6 +896,9 @@ TEST(Ops, ConcurrentCallsFromSeveralThreads) {
   EXPECT_EQ(mismatches.load(), 0);
 }
 
+// The convenience overloads allocate the documented shapes and agree with the
+// out-parameter forms on the auto backend (what they run); logits_fallback is
+// the BLAS backend.
 TEST(Ops, ConvenienceFormsAgree) {
   const Table t = Table::packed(qt::random_packed(300, 128, QuantScheme::parse("w4g32a", DType::kBF16), 6), "t");
   const Acts a = make_acts(DType::kBF16, 4, 128, 7);

@@ -188,6 +188,11 @@ inline double logit_tol(const Dot& d, int64_t h) {
   return (gamma_n(h, kU32) + gamma_n(h + 4, kU64)) * d.abs_sum;
 }
 
+// The same dtype, shape and bytes.
+inline bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
 // ---- poisoning ---------------------------------------------------------------------------
 
 // Fills a float tensor with quiet NaN and an integer one with `int_poison`

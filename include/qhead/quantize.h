@@ -28,7 +28,8 @@ namespace qhead {
 
 // Progress of a long quantization: rows done out of the total. Calls never
 // overlap (a mutex serializes them) but may come from worker threads; the
-// counts they report only grow, and the last call reports done == total. Keep it cheap: it is called every few hundred rows.
+// counts they report only grow, and the last call reports done == total.
+// Keep it cheap: it is called every few hundred rows.
 using QuantizeProgress = std::function<void(int64_t rows_done, int64_t rows_total)>;
 
 // Quantizes a dense [V, H] F32/F16/BF16 table (CPU, contiguous) to `scheme`,
