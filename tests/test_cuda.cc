@@ -14,10 +14,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <thread>
 
 #include "qhead/cuda.h"
 #include "qhead/ops.h"
@@ -509,7 +511,9 @@ TEST(Cuda, TopkListEpilogue) {
 // Small shapes for the compute-sanitizer runs (memcheck, racecheck): each
 // path of topk once — the fused epilogue (M = 1, 8, 3; k up to its limit of
 // 256, beyond a CTA's 128-row tile step), logits then selection (M = 17, 64,
-// 70), tiny V with k = V, and the cuBLAS logits.
+// 70), tiny V with k = V, the cuBLAS logits, and on sm_90 the list top-k
+// (M = 65 and 70: its sample's tiles adjacent, and two apart with zero
+// points and k = 256).
 TEST(Cuda, TopkSmallShapes) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 4800;
@@ -522,6 +526,8 @@ TEST(Cuda, TopkSmallShapes) {
   check_topk({4, 32, false, DType::kF16, 3, 3, 3, Backend::kAuto}, seed++);
   check_topk({8, -1, true, DType::kBF16, 4099, 70, 50, Backend::kAuto}, seed++);
   check_topk({4, 64, true, DType::kF16, 4099, 2, 1000, Backend::kFallbackBlas}, seed++);
+  check_topk({4, 64, true, DType::kF16, 8192 + 5, 65, 50, Backend::kFused}, seed++);
+  check_topk({8, 128, false, DType::kBF16, 16384 + 129, 70, 256, Backend::kFused}, seed++);
 }
 
 // Every row identical: all logits of a row tie, so every candidate list and
@@ -623,6 +629,63 @@ TEST(Cuda, TiedTableIsOneAllocation) {
     EXPECT_EQ(cuda::allocated_bytes() - before_b, expect);
     EXPECT_EQ(roles.head.nbytes(), host.nbytes());
   }
+}
+
+// include/qhead/ops.h, "Threads": CUDA ops may be called from several host
+// threads; they take turns (their scratch buffers and the cuBLAS handle are
+// process-wide) and each returns exactly what it returns alone. Four threads
+// run logits, top-k and embed on two shared tables — M = 5 (the staged GEMV,
+// logits then selection) and, on sm_90, M = 200 on a 40000-row vocab (the
+// list top-k) — and every result is compared byte for byte with a call made
+// alone.
+TEST(Cuda, ConcurrentCallsFromSeveralThreads) {
+  SKIP_WITHOUT_GPU();
+  const Table t4 = cuda::to_device(Table::packed(random_packed(40000, 256, QuantScheme::parse("w4g64a", DType::kBF16), 8100)));
+  const Table t8 = cuda::to_device(Table::packed(random_packed(3001, 256, QuantScheme::parse("w8g128", DType::kF16), 8101)));
+  const Table* tables[2] = {&t4, &t8};
+  const Tensor xs[2] = {upload(random_tensor(DType::kF16, 200, 256, 8102)), upload(random_tensor(DType::kBF16, 5, 256, 8103))};
+  Tensor idh = Tensor::empty(DType::kI32, {6});
+  const int32_t id_list[6] = {0, 3000, 17, 17, 2999, 1};
+  std::memcpy(idh.data(), id_list, sizeof(id_list));
+  const Tensor ids = upload(idh);
+  struct Result {
+    Tensor logits, values, top_ids, lse, rows;  // on the host
+  };
+  // Case c: table c % 2, activations c / 2.
+  auto run = [&](int c) {
+    const Table& t = *tables[c % 2];
+    const Tensor& x = xs[c / 2];
+    const int64_t M = x.size(0);
+    Tensor l = poisoned_device(DType::kF32, {M, t.vocab()});
+    Tensor v = poisoned_device(DType::kF32, {M, 50}), i = poisoned_device(DType::kI32, {M, 50});
+    Tensor lse = poisoned_device(DType::kF32, {M});
+    logits(t, x.view(), l.view());
+    topk(t, x.view(), 50, v.view(), i.view(), lse.view());
+    const Tensor rows = embed(t, ids.view(), DType::kF16);
+    return Result{download(l), download(v), download(i), download(lse), download(rows)};
+  };
+  const int cases[3] = {0, 2, 3};  // t4 × M = 200, t4 × M = 5, t8 × M = 5
+  std::array<Result, 4> want;
+  for (int c : cases) want[size_t(c)] = run(c);
+  constexpr int kThreads = 4, kRounds = 5;
+  std::atomic<int> mismatches{0}, calls{0};
+  std::vector<std::thread> users;
+  for (int u = 0; u < kThreads; ++u)
+    users.emplace_back([&, u] {
+      for (int r = 0; r < kRounds; ++r) {
+        const int c = cases[(u + r) % 3];
+        const Result got = run(c);
+        const Result& w = want[size_t(c)];
+        const bool same = same_bytes(got.logits, w.logits) && same_bytes(got.values, w.values) &&
+                          same_bytes(got.top_ids, w.top_ids) && same_bytes(got.lse, w.lse) &&
+                          same_bytes(got.rows, w.rows);
+        if (!same) ++mismatches;
+        calls += 3;
+      }
+    });
+  for (auto& th : users) th.join();
+  EXPECT_EQ(calls.load(), 3 * kThreads * kRounds);
+  EXPECT_EQ(mismatches.load(), 0);
 }
 
 TEST(Cuda, ArgumentErrors) {

@@ -11,9 +11,13 @@
 // calls share the one worker pool (set_num_threads) and take turns on it,
 // so they run one after another at full width, and each returns exactly
 // what it returns alone (tests/test_ops.cc, ConcurrentCallsFromSeveralThreads).
-// On CUDA tables, call from one host thread at a time: the kernels' scratch
-// buffers are process-wide and ordered only by the stream. The set_*
-// functions below are process-wide settings: change them between ops.
+// On CUDA tables they may be called from several threads too: the calls
+// take turns on a process-wide lock (the kernels' scratch buffers and the
+// cuBLAS handle are process-wide), enqueue on the one stream (cuda.h,
+// set_stream) and may return before their kernels finish; each result is exactly
+// what the call returns alone (tests/test_cuda.cc,
+// ConcurrentCallsFromSeveralThreads). The set_* functions below and
+// cuda::set_stream are process-wide settings: change them between ops.
 #pragma once
 
 #include <cstdint>

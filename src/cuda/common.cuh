@@ -46,6 +46,8 @@ void gemm_xwt(const void* w, cudaDataType_t wt, const void* x, cudaDataType_t xt
 
 // Scale dtype codes passed to kernels (runtime: one load per group).
 enum ScaleType : int { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };
+// Bytes of one stored scale.
+__host__ __device__ __forceinline__ int scale_bytes(int type) { return type == kScaleF32 ? 4 : 2; }
 
 __device__ __forceinline__ float load_scale(const void* p, int type, int64_t i) {
   if (type == kScaleF16) return __half2float(static_cast<const __half*>(p)[i]);

@@ -44,6 +44,15 @@
 
 namespace qhead::cuda_detail {
 
+// The list epilogue's output (logits_wgmma_ws_kernel<..., TOPK = true>), read
+// by the merge (topk_lists_kernel, ops_cuda.cu).
+struct TopkLists {
+  uint64_t* list = nullptr;   // [M, nseg, seg_cap] entries >= the column's threshold
+  uint32_t* count = nullptr;  // [M, nseg] entries in each list
+  float* sum = nullptr;       // [M, nseg] Σ exp(min(l − threshold, 0)) over the segment's logits
+  int nseg = 0, seg_cap = 0;
+};
+
 struct LogitsArgs {
   const uint32_t* packed;  // [V, H·b/32] codes, pack-quantized
   const void* scale;       // [V, groups] in scale_type
@@ -71,12 +80,14 @@ struct LogitsArgs {
   // Top-k candidate lists (logits_wgmma_ws_kernel<..., TOPK = true>, M > 64): every logit >= its
   // column's threshold goes to the list of its (column, CTA warp); the others are summed.
   bool tk_lists = false;          // launch_logits_topk: run this epilogue
-  const uint64_t* tk_thr = nullptr;  // [M, k] a sample's top-k entries, best first: column m's threshold is
-                                     // entry [m, k − 1]'s value (lowered by a margin); nullptr: no threshold
-  uint64_t* tk_list = nullptr;    // [M, tk_nseg, tk_seg_cap] entries (set by the launcher)
-  uint32_t* tk_count = nullptr;   // [M, tk_nseg] entries in each list
-  float* tk_sum = nullptr;        // [M, tk_nseg] Σ exp(min(l − threshold, 0)) over the segment's logits
-  int tk_nseg = 0, tk_seg_cap = 0;
+  const float* tk_thr = nullptr;  // [M] column m's threshold (<= its k-th logit, list_threshold_kernel);
+                                  // nullptr: no threshold, every logit is a candidate
+  TopkLists tk_out;               // the lists and sums it writes (set by the launcher)
+  bool x_frag_ready = false;    // v14 kernel: x_frag already holds x in its layout for 128 columns (the list
+                                // top-k's sample call, same table, made it): no permute_x_wg_kernel
+  int64_t tile_stride = 1;      // v14 kernel only (launch_logits takes no other then): its 128-row tile j reads
+                                // the table's tile j·tile_stride, and V counts the tiles read — the list
+                                // top-k's threshold sample, computed in place (V ≤ the table's V / tile_stride)
   int st_spg = 1;               // staged / GEMM kernel, groups longer than a stage: stages per group (set by the launcher)
   bool gemm_only = false;       // launch_logits: take the GEMM or nothing (large M, where the GEMV kernels lose to cuBLAS)
 };
@@ -501,7 +512,7 @@ __global__ void __launch_bounds__(256) logits_mma_kernel(const LogitsArgs a) {
   const int Mpad = (a.M + 7) & ~7;
   const int m0 = blockIdx.x * (8 * NT);
   // Scales are read raw (2 or 4 bytes) and decoded when a group ends.
-  const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+  const int sbytes = scale_bytes(a.scale_type);
   // Activation fragments of (chunk 0, k-block 0, this lane); a chunk is KBC·Mpad·4 uint2 further.
   const uint2* xf0 = static_cast<const uint2*>(a.x_frag) + (int64_t(m0 + g) * 4 + t);
   const int64_t xf_chunk = int64_t(KBC) * Mpad * 4;
@@ -828,7 +839,7 @@ __global__ void __launch_bounds__(NW * 32) logits_staged_kernel(const LogitsArgs
   const int64_t row_bytes = int64_t(a.H) * BITS / 8;
   const int nst = int(row_bytes / C);  // stages per tile
   const int total = my_tiles * nst;
-  const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+  const int sbytes = scale_bytes(a.scale_type);
   const int sblk = ROWS * a.groups * sbytes;
   const int zw = ASYM ? (ROWS * BITS / 32) * a.groups : 0;  // zero-point words per tile
   const int zblk = (zw * 4 + 15) / 16 * 16;
@@ -1185,7 +1196,7 @@ __device__ __forceinline__ void copy_scales_zeros(const LogitsArgs& a, uint32_t 
                                                   const uint32_t* z, bool zok, int64_t g0, int tid) {
   if (tid < BV) {
     const char* scale = static_cast<const char*>(a.scale);
-    const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+    const int sbytes = scale_bytes(a.scale_type);
     const uint32_t sd = ss + tid * 16;
     const int64_t off = soff + g0 * sbytes;
     switch (GPS * sbytes) {
@@ -1263,7 +1274,7 @@ struct GemmCopier {
       wn[j] = ok ? 16 : 0;
     }
     x = xs + int64_t(m0) * 32;
-    const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+    const int sbytes = scale_bytes(a.scale_type);
     sok = row0 + tid < a.V && tid < BV;
     soff = (sok ? row0 + tid : 0) * a.groups * sbytes;
     if constexpr (ASYM) {
@@ -1847,9 +1858,9 @@ using TopkWorkspaceFn = void* (*)(size_t bytes);
 // A top-k at M > 64 cannot keep per-column pools in shared memory (the ring
 // takes it), and a CTA's own best k is a weak filter (k of its ~2300 rows).
 // Instead the caller first computes the logits of a sample of the vocab
-// (whole 128-row tiles spread over V) and selects their top k: the sample's
-// k-th largest logit of column m is <= the k-th largest of the whole row (the
-// sample's logits are logits of the row), so every logit below it can be
+// (whole 128-row tiles spread over V) and takes a lower bound of their k-th
+// largest (list_threshold_kernel, ops_cuda.cu): any k logits of the row bound
+// the row's k-th largest from below, so every logit below it can be
 // dropped. The kernel appends each logit >= the threshold, as an entry, to
 // the list of its (column, CTA warp) — positions by ballot, no atomics — and
 // sums exp(min(l − threshold, 0)) (each term <= 1: no overflow, no running
@@ -1858,17 +1869,9 @@ using TopkWorkspaceFn = void* (*)(size_t bytes);
 // the sums. A list holds at most the 16 rows × units its
 // warp computes, so the launcher sizes it and it cannot overflow.
 
-// Column m's threshold from the sample's top-k entries (best first): the k-th
-// value, lowered by a margin so that a last-bit difference between the sample
-// run and the main run cannot drop a candidate; −inf when there is no sample
-// or it held fewer than k logits. The merge calls it too.
-__host__ __device__ __forceinline__ float list_threshold(const uint64_t* thr, int k, int m) {
-  if (thr == nullptr) return -INFINITY;
-  const uint64_t e = thr[int64_t(m) * k + k - 1];
-  if (e == 0) return -INFINITY;
-  const float v = entry_value(e);
-  return v - (fabsf(v) * 0x1p-16f + 0x1p-30f);
-}
+// A threshold lowered by a margin, so that a last-bit difference between the
+// sample's run and the main run cannot drop a candidate.
+__host__ __device__ __forceinline__ float list_margin(float v) { return v - (fabsf(v) * 0x1p-16f + 0x1p-30f); }
 
 // One warp's 16 rows × NT·8 columns of a finished unit (acc: the m64nNk16
 // accumulator layout, rows r0 + g and r0 + g + 8, columns n·8 + 2t + {0, 1}).
@@ -1925,8 +1928,8 @@ __device__ __forceinline__ void topk_lists_tile(const LogitsArgs& a, const float
   const unsigned any = __reduce_or_sync(0xffffffffu, flags);
   if (any == 0) return;
   const unsigned same = 0x11111111u << t, below = same & ((1u << lane) - 1u);  // the lanes of my column
-  const int64_t col_stride = int64_t(a.tk_nseg) * a.tk_seg_cap;
-  uint64_t* const lists = a.tk_list + (int64_t(m0 + 2 * t) * a.tk_nseg + seg) * a.tk_seg_cap;  // column 2t's list
+  const int64_t col_stride = int64_t(a.tk_out.nseg) * a.tk_out.seg_cap;
+  uint64_t* const lists = a.tk_out.list + (int64_t(m0 + 2 * t) * a.tk_out.nseg + seg) * a.tk_out.seg_cap;  // column 2t's list
 #pragma unroll
   for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -1977,7 +1980,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
   if constexpr (TOPK) {  // the launcher makes gridDim.x a multiple of the column tiles: one tile per CTA
     const int m0 = int(blockIdx.x % unsigned(Mpad / BM)) * BM;
     for (int i = tid; i < BN; i += kWsThreads) {
-      const float th = m0 + i < a.M ? list_threshold(a.tk_thr, a.k, m0 + i) : INFINITY;
+      const float th = m0 + i >= a.M ? INFINITY : a.tk_thr ? a.tk_thr[m0 + i] : -INFINITY;
       thr_s[i] = make_float2(th, th * 1.4426950408889634f);
     }
     for (int i = tid; i < 8 * BN; i += kWsThreads) cnt_s[i / BN][i % BN] = 0;
@@ -1990,7 +1993,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
   if (tid < 128) {  // producer warpgroup: thread tid copies code row tid of each stage
     setmaxnreg_dec<40>();
     const int64_t row_bytes = int64_t(a.H) * BITS / 8;
-    const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+    const int sbytes = scale_bytes(a.scale_type);
     const char* wp = nullptr;
     const char* xp = nullptr;
     int wn = 0;
@@ -2002,14 +2005,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
     for (int64_t q = 0; q < cur.total; ++q) {
       if (q >= NS) mbar_wait(empty0 + slot * 8, phase ^ 1u);  // the slot's previous use was consumed
       if (cur.ks == 0) {  // a new unit: this thread's row, scale row, zero-point word row, column tile
-        const int64_t row = cur.row0 + tid;
-        sok = row < a.V;
+        // The table row (a.tile_stride: a sample's tiles lie apart; they are whole, inside the table).
+        const int64_t trow0 = cur.row0 * a.tile_stride, row = trow0 + tid, tv = a.V * a.tile_stride;
+        sok = row < tv;
         wp = reinterpret_cast<const char*>(a.packed) + (sok ? row : 0) * row_bytes;
         wn = sok ? 16 : 0;  // rows past V: zero-filled from an in-range address
         soff = (sok ? row : 0) * a.groups * sbytes;
         if constexpr (ASYM) {
-          const int64_t wr = cur.row0 * BITS / 32 + tid;
-          zok = tid < Gg::ZROWS && wr < (a.V * BITS + 31) / 32;
+          const int64_t wr = trow0 * BITS / 32 + tid;
+          zok = tid < Gg::ZROWS && wr < (tv * BITS + 31) / 32;
           z = a.zp + (zok ? wr : 0) * a.groups;
         }
         xp = static_cast<const char*>(a.x_frag) + int64_t(cur.m0 / BM) * Gg::X_BYTES;  // permute_x_wg_kernel<.., KBST>
@@ -2155,8 +2159,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
         float v = 0.0f;
 #pragma unroll
         for (int r = 0; r < 8; ++r) v += sum_s[wic][col * 8 + r];
-        a.tk_sum[int64_t(m0 + col) * a.tk_nseg + seg] = v;
-        a.tk_count[int64_t(m0 + col) * a.tk_nseg + seg] = cnt_s[wic][col];
+        a.tk_out.sum[int64_t(m0 + col) * a.tk_out.nseg + seg] = v;
+        a.tk_out.count[int64_t(m0 + col) * a.tk_out.nseg + seg] = cnt_s[wic][col];
       }
     }
   }
@@ -2249,9 +2253,11 @@ void launch_wgmma_ws_cfg(const LogitsArgs& a, cudaStream_t s, int64_t grid = 0) 
   allow_dynamic_smem<kernel>(SMEM);
   const int Mpad = (a.M + BN - 1) / BN * BN;
   const int64_t nunits = int64_t(a.H / 16) * Mpad * 2;
-  permute_x_wg_kernel<BITS, T, GemmGeometry<BITS, BV, BN, ASYM>::KBST><<<static_cast<unsigned>((nunits + 255) / 256), 256, 0, s>>>(
-      static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, BN, a.H);
-  QHEAD_CUDA_CHECK_LAUNCH("permute_x_wg_kernel");
+  if (!(a.x_frag_ready && BN == 128)) {
+    permute_x_wg_kernel<BITS, T, GemmGeometry<BITS, BV, BN, ASYM>::KBST><<<static_cast<unsigned>((nunits + 255) / 256), 256, 0, s>>>(
+        static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, BN, a.H);
+    QHEAD_CUDA_CHECK_LAUNCH("permute_x_wg_kernel");
+  }
   // B descriptor without the start address: 128-byte swizzle (layout type 1), SBO = 1024 bytes
   // between 8-column atoms, LBO unused (1).
   const uint64_t desc_hi = (uint64_t(1) << 62) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 16);
@@ -2320,8 +2326,7 @@ bool launch_gemm(LogitsArgs& a, cudaStream_t s) {
 }
 
 // The top-k lists epilogue (v14, 128 columns per CTA) for a.tk_thr: sets
-// a.tk_list / tk_count / tk_sum / tk_nseg / tk_seg_cap from ws and returns
-// tk_nseg, or 0 when the kernel does not take the shape (no sm_90, a group
+// a.tk_out from ws and returns its nseg, or 0 when the kernel does not take the shape (no sm_90, a group
 // layout the GEMMs do not take, more column tiles than SMs). The grid is C
 // CTAs per column tile; CTA c of a column tile takes its vocab tiles c,
 // c + C, ...; its 8 consumer warps own segments 8c .. 8c + 7 of each column.
@@ -2335,11 +2340,11 @@ int launch_gemm_topk_lists(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
   const int64_t seg_cap = 16 * ((tiles + C - 1) / C), nseg = 8 * C;
   const size_t n = size_t(a.M) * size_t(nseg);
   char* w = static_cast<char*>(ws(n * size_t(seg_cap) * 8 + n * 8));
-  a.tk_list = reinterpret_cast<uint64_t*>(w);
-  a.tk_count = reinterpret_cast<uint32_t*>(w + n * size_t(seg_cap) * 8);
-  a.tk_sum = reinterpret_cast<float*>(a.tk_count + n);
-  a.tk_nseg = int(nseg);
-  a.tk_seg_cap = int(seg_cap);
+  a.tk_out.list = reinterpret_cast<uint64_t*>(w);
+  a.tk_out.count = reinterpret_cast<uint32_t*>(w + n * size_t(seg_cap) * 8);
+  a.tk_out.sum = reinterpret_cast<float*>(a.tk_out.count + n);
+  a.tk_out.nseg = int(nseg);
+  a.tk_out.seg_cap = int(seg_cap);
   const bool asym = a.zp != nullptr;
   auto go = [&](auto gs) {
     constexpr int GS = decltype(gs)::value;
@@ -2438,7 +2443,7 @@ int launch_staged_cfg(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
     return v;
   }();
   allow_dynamic_smem<kernel>(optin);
-  const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+  const int sbytes = scale_bytes(a.scale_type);
   const int wbytes = staged_warp_bytes<BITS, C, RT, NS, ASYM>(a.groups, sbytes);
   const int xs = staged_x_bytes<BITS, C>(a.H, a.M);
   const size_t base = size_t(xs) + size_t(kWarps) * wbytes;
@@ -2517,7 +2522,7 @@ int launch_staged(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
   if (c == 0) return -1;
   const int gbytes = a.group * BITS / 8;
   if (gbytes % 16 != 0) return -1;
-  const int sbytes = a.scale_type == kScaleF32 ? 4 : 2;
+  const int sbytes = scale_bytes(a.scale_type);
   if (16 * kStagedRT * a.groups * sbytes > kStagedMaxScaleBlock) return -1;
   const bool asym = a.zp != nullptr;
   const int segs = gbytes / 16;  // 16-byte segments per group
@@ -2582,10 +2587,21 @@ void launch_logits_l(const LogitsArgs& a, cudaStream_t s) {
 // has no fused top-k (the caller computes logits, then selects); with
 // a.tk_lists it runs the v14 kernel's list epilogue instead and returns the
 // segments per activation row (launch_gemm_topk_lists).
+// With a.tile_stride > 1 (the list top-k's sample) only the v14 kernel runs
+// (128 × 128 tiles), or nothing: false.
 template <int BITS, class T>
 bool launch_logits(const LogitsArgs& a, cudaStream_t s) {
   const int l = pick_piece_bytes(BITS, a.group);
   if (l == 0 || (BITS == 8 && l == 4)) return false;  // 8-bit codes take L = 4 only for groups < 32
+  if (a.tile_stride != 1) {
+    if (!device_has_wgmma()) return false;
+    LogitsArgs b = a;
+    return gemm_group_layout<BITS>(b, [&](auto gs) {
+      constexpr int GS = decltype(gs)::value;
+      if (b.zp) launch_wgmma_ws_cfg<BITS, T, 128, GS, true>(b, s);
+      else launch_wgmma_ws_cfg<BITS, T, 128, GS, false>(b, s);
+    });
+  }
   if (a.M <= 16) {
     LogitsArgs b = a;
     if (launch_staged<BITS, T, false>(b, s, nullptr) >= 0) return true;

@@ -38,7 +38,7 @@ enum WorkspaceSlot : int {
   kWsLogits,           // [M, V] logits the top-k reads
   kWsTopkCandidates,   // level-0 top-k candidates and partial sums
   kWsTopkLevels,       // the merge levels' candidates (two buffers)
-  kWsTopkSample,       // the list top-k's threshold sample: sub-table, its top-k entries
+  kWsTopkSample,       // the list top-k's threshold sample: its logits [M, 8192], the thresholds [M]
   kWsEmbedFlag,        // embed's out-of-range flag
   kWsCount
 };
@@ -518,49 +518,82 @@ void launch_select(dim3 grid, const SelectArgs& a, cudaStream_t s) {
 
 // ---- the list top-k (v14 epilogue, logits.cuh) -------------------------------------------
 
-// The threshold sample's whole 128-row tiles of a packed table's arrays
-// (codes, scales, zero points): block (x, j, z) copies tile j of array z,
-// words[z] 16-byte words from src[z] + j·stride[z] to dst[z] + j·words[z].
-struct GatherArgs {
-  const uint4* src[3];
-  uint4* dst[3];
-  int64_t words[3], stride[3];
-};
-__global__ void gather_blocks_kernel(const GatherArgs a) {
-  const int z = blockIdx.z;
-  const int64_t j = blockIdx.y, words = a.words[z];
-  const uint4* src = a.src[z] + j * a.stride[z];
-  uint4* dst = a.dst[z] + j * words;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words; i += int64_t(gridDim.x) * blockDim.x)
-    dst[i] = src[i];
+// The list top-k's threshold of each row from its sample's logits [M, n]
+// (n <= kSlice, one block per row): thr[m] = a lower bound of the row's k-th
+// largest logit — the k-th largest of the block's sub-maxima (kThrSub per
+// thread, each the largest of kSelPer / kThrSub logits), to 24 bits, lowered
+// by list_margin; −inf when that is not a number. k distinct logits reach
+// it, so it is <= the sample's k-th logit, and the caller has n >= k logits,
+// so with k <= kSelThreads at least k sub-maxima exist. With 1024 sub-maxima
+// for 8192 logits it lets through ~1.02× (k = 50) to ~1.1× (k = 256) the
+// candidates of the exact k-th, for three radix passes over four keys per
+// thread instead of a selection (which also summed exps the threshold does
+// not need).
+constexpr int kThrSub = 4;
+__global__ void __launch_bounds__(kSelThreads) list_threshold_kernel(const float* __restrict__ logits, int n, int k,
+                                                                     float* __restrict__ thr) {
+  __shared__ SelectSmem sm;
+  constexpr int kPerSub = kSelPer / kThrSub;
+  const float* row = logits + int64_t(blockIdx.x) * n;
+  const int tid = threadIdx.x;
+  float v[kSelPer];
+#pragma unroll
+  for (int j = 0; j < kSelPer; ++j) {  // all loads in flight at once
+    const int i = j * kSelThreads + tid;
+    v[j] = i < n ? row[i] : -INFINITY;
+  }
+  uint64_t key[kThrSub];  // 0 = no logit
+#pragma unroll
+  for (int r = 0; r < kThrSub; ++r) {
+    float mx = v[r * kPerSub];
+#pragma unroll
+    for (int j = 1; j < kPerSub; ++j) mx = fmaxf(mx, v[r * kPerSub + j]);
+    key[r] = r * kPerSub * kSelThreads + tid < n ? uint64_t(order_key(mx)) << 32 : 0ull;
+  }
+  auto keys = [&](auto&& f) {
+#pragma unroll
+    for (int r = 0; r < kThrSub; ++r) f(key[r]);
+  };
+  uint64_t tau = 0;
+  unsigned need = unsigned(k);
+  float t = -INFINITY;
+  if (radix_pass(keys, 56, tau, need, sm)) {  // then the next two passes find their digit too
+    radix_pass(keys, 48, tau, need, sm);
+    radix_pass(keys, 40, tau, need, sm);
+    t = list_margin(key_value(uint32_t(tau >> 32)));
+    if (!(t > -INFINITY && t < INFINITY)) t = -INFINITY;
+  }
+  if (tid == 0) thr[blockIdx.x] = t;
 }
 
 struct ListsArgs {
-  const uint64_t* list;   // [M, nseg, seg_cap] entries >= the row's threshold
-  const uint32_t* count;  // [M, nseg] entries per list
-  const float* sum;       // [M, nseg] Σ exp(min(l − threshold, 0)): the listed logits add 1 each
-  const uint64_t* thr;    // the sample's top-k entries (list_threshold), or nullptr
-  int nseg, seg_cap, k;
+  TopkLists in;      // the main kernel's lists and sums
+  const float* thr;  // [M] the thresholds they were made with, or nullptr (none)
+  int k;
   float* values;  // [M, k]
   int* ids;       // [M, k]
   float* lse;     // [M]
 };
 constexpr int64_t kListChunk = kSlice - kTopkGather;  // new entries per selection round
 
-template <class F>
-__device__ __forceinline__ void for_list_entries(const ListsArgs& a, const unsigned* base, int s0, int s1,
-                                                 int64_t lo, int64_t hi, F&& f) {
-  const uint64_t* lists = a.list + int64_t(blockIdx.x) * a.nseg * a.seg_cap;
-  for (int s = s0; s < s1; ++s) {
-    const int64_t b = base[s], from = b > lo ? b : lo, e = base[s + 1], to = e < hi ? e : hi;
-    for (int64_t i = from; i < to; ++i) f(i, lists[int64_t(s) * a.seg_cap + (i - b)]);
+// Entry i (< the row's total) of block m's row of lists; base[s] = list s's
+// first position in the row (shared memory, nseg + 1 entries, non-decreasing).
+__device__ __forceinline__ uint64_t list_entry(const TopkLists& in, const unsigned* base, int64_t i) {
+  int lo = 0, hi = in.nseg;  // base[lo] <= i < base[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (base[mid] <= i) lo = mid;
+    else hi = mid;
   }
+  return in.list[(int64_t(blockIdx.x) * in.nseg + lo) * in.seg_cap + (i - base[lo])];
 }
 
 // One block per row m: the exact top-k of the row's candidate lists — in
 // rounds of up to kListChunk entries plus the best k so far, so that any
 // total fits (all logits tied: every logit is a candidate) — and the lse:
 // the candidates' exps plus the kernel's sums below the threshold, in double.
+// Each thread loads entries spread over the whole row (list_entry), so that
+// its loads are independent of each other and all in flight at once.
 __global__ void __launch_bounds__(kSelThreads) topk_lists_kernel(const ListsArgs a) {
   __shared__ SelectSmem sm;
   __shared__ uint64_t keep[kTopkGather];
@@ -568,11 +601,12 @@ __global__ void __launch_bounds__(kSelThreads) topk_lists_kernel(const ListsArgs
   extern __shared__ __align__(16) unsigned char sel_items[];
   uint64_t* items = reinterpret_cast<uint64_t*>(sel_items);     // [kSlice], item i = j·T + thread
   unsigned* base = reinterpret_cast<unsigned*>(items + kSlice);  // [nseg + 1] each list's first position in the row
+  const TopkLists& in = a.in;
   const int m = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = kSelThreads / 32;
   // 1. The lists' positions: thread tid takes the contiguous segments [s0, s1); a block-wide exclusive scan.
-  const uint32_t* cnt = a.count + int64_t(m) * a.nseg;
-  const int per = (a.nseg + kSelThreads - 1) / kSelThreads;
-  const int s0 = min(a.nseg, tid * per), s1 = min(a.nseg, s0 + per);
+  const uint32_t* cnt = in.count + int64_t(m) * in.nseg;
+  const int per = (in.nseg + kSelThreads - 1) / kSelThreads;
+  const int s0 = min(in.nseg, tid * per), s1 = min(in.nseg, s0 + per);
   unsigned c = 0;
   for (int s = s0; s < s1; ++s) c += cnt[s];
   unsigned total;
@@ -581,42 +615,54 @@ __global__ void __launch_bounds__(kSelThreads) topk_lists_kernel(const ListsArgs
     base[s] = off;
     off += cnt[s];
   }
-  if (tid == kSelThreads - 1) base[a.nseg] = total;
+  if (tid == kSelThreads - 1) base[in.nseg] = total;
   __syncthreads();
-  // 2. Selection rounds.
+  // 2. Selection rounds: items = the best k so far, then this round's entries, then empty.
   const int k = a.k;
-  int nkeep = 0;
+  int nkeep = 0, per_round = 1;
+  bool one_round = true;
   for (int64_t lo = 0;; lo += kListChunk) {
     const int64_t hi = min(int64_t(total), lo + kListChunk);
-    const int per = max(1, int((nkeep + (hi - lo) + kSelThreads - 1) / kSelThreads));  // items per thread this round
-    for (int i = tid; i < per * kSelThreads; i += kSelThreads) items[i] = i < nkeep ? keep[i] : 0ull;
+    const int fill = nkeep + int(hi - lo);
+    per_round = max(1, (fill + kSelThreads - 1) / kSelThreads);  // items per thread this round
+#pragma unroll 4
+    for (int i = tid; i < per_round * kSelThreads; i += kSelThreads)
+      items[i] = i < nkeep ? keep[i] : i < fill ? list_entry(in, base, lo + (i - nkeep)) : 0ull;
     __syncthreads();
-    for_list_entries(a, base, s0, s1, lo, hi, [&](int64_t i, uint64_t e) { items[nkeep + (i - lo)] = e; });
-    __syncthreads();
+    const int pr = per_round;
     auto for_each = [&](auto&& f) {
 #pragma unroll 4
-      for (int j = 0; j < per; ++j) f(items[j * kSelThreads + tid]);
+      for (int j = 0; j < pr; ++j) f(items[j * kSelThreads + tid]);
     };
     uint64_t my_max = 0;
     for_each([&](uint64_t e) { my_max = e > my_max ? e : my_max; });
     block_select(for_each, my_max, k, [&](int j, uint64_t e) { keep[j] = e; }, sm);  // ends with a barrier
     nkeep = k;
     if (hi >= int64_t(total)) break;
+    one_round = false;
   }
   for (int j = tid; j < k; j += kSelThreads) {
     a.values[int64_t(m) * k + j] = entry_value(keep[j]);
     a.ids[int64_t(m) * k + j] = entry_id(keep[j]);
   }
   // 3. lse = mx + log(Σ_candidates exp(l − mx) + exp(thr − mx) · Σ_lists sum), mx = max(best, thr).
-  const float thr = list_threshold(a.thr, k, m);
+  const float thr = a.thr ? a.thr[m] : -INFINITY;
   const double mx = fmax(keep[0] ? double(entry_value(keep[0])) : -INFINITY, double(thr));
   double t = 0.0;
-  for_list_entries(a, base, s0, s1, 0, total, [&](int64_t, uint64_t e) { t += exp(double(entry_value(e)) - mx); });
+  auto add = [&](uint64_t e) {
+    if (e) t += exp(double(entry_value(e)) - mx);
+  };
+  if (one_round) {  // every candidate is still in items
+    for (int j = 0; j < per_round; ++j) add(items[j * kSelThreads + tid]);
+  } else {
+#pragma unroll 4
+    for (int64_t i = tid; i < int64_t(total); i += kSelThreads) add(list_entry(in, base, i));
+  }
   if (thr != -INFINITY) {  // each listed logit added exactly 1 to its segment's sum (topk_lists_tile)
     const double f = exp(double(thr) - mx);
-    for (int s = tid; s < a.nseg; s += kSelThreads) {
-      const int64_t i = int64_t(m) * a.nseg + s;
-      t += fmax(double(a.sum[i]) - double(a.count[i]), 0.0) * f;
+    for (int s = tid; s < in.nseg; s += kSelThreads) {
+      const int64_t i = int64_t(m) * in.nseg + s;
+      t += fmax(double(in.sum[i]) - double(in.count[i]), 0.0) * f;
     }
   }
   for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
@@ -865,76 +911,48 @@ void merge_topk(const uint64_t* cand, const float2* part, int P0, int64_t M, int
 }
 
 // The threshold sample of the list top-k: kListSampleTiles whole 128-row tiles
-// spread evenly over the vocab (kSlice rows: one selection block per row).
+// spread evenly over the vocab (kSlice rows: one list_threshold_kernel block per row).
 constexpr int64_t kListSampleTiles = kSlice / 128;
 // kAuto takes the list top-k from this vocab up (a sample of at most a quarter
-// of the rows) and from this many rows: below, logits + selection was as fast
-// or faster on the H200 (M = 128: 210 vs 208 us on 151936x1024 w4g64, 402 vs
-// 363 us on 128256x4096 w4g128; M = 192: 320 vs 337 us; docs/performance.md).
+// of the rows) and from this many rows: on the H200 (w4g128, docs/performance.md,
+// session 9) it was faster than logits + selection from M = 128 on every shape
+// (151936x1024 166 vs 199 us, 262144x2560 439 vs 491, 128256x4096 352 vs 355),
+// and at M = 96 slower on 128256x4096 (358 vs 344 us).
 constexpr int64_t kListMinVocab = 4 * kSlice;
-constexpr int64_t kListMinRowsAuto = 192;
+constexpr int64_t kListMinRowsAuto = 128;
 
-// The list top-k (v14 epilogue, M > 64 on sm_90): the sample's logits and
-// their top-k give each row's threshold; the main pass writes the candidate
+// The list top-k (v14 epilogue, M > 64 on sm_90): the sample's logits give
+// each row's threshold (list_threshold_kernel); the main pass writes the candidate
 // lists and the sums below the thresholds; one block per row merges. False
 // when it does not apply (the caller computes logits, then selects).
 bool topk_lists(const Table& table, const TensorView& x, int64_t k, float* values, int* ids, float* lse) {
   LogitsArgs a;
   if (!fused_args(table, x, a)) return false;
-  const PackedTable& p = table.packed();
   cudaStream_t s = current_stream();
   const int64_t M = a.M, full = a.V / 128, ns = std::min(kListSampleTiles, full);
   a.k = static_cast<int>(k);
   if (ns * 128 >= k) {  // else no threshold: every logit is a candidate
-    const int64_t stride = full / ns, row_bytes = int64_t(a.H) * p.scheme.bits / 8;
-    const int64_t tile[3] = {128 * row_bytes, 128 * int64_t(a.groups) * (a.scale_type == kScaleF32 ? 4 : 2),
-                             a.zp ? 128 * p.scheme.bits / 32 * int64_t(a.groups) * 4 : 0};
-    const int64_t sub = ns * (tile[0] + tile[1] + tile[2]), Vs = ns * 128;
-    char* w = static_cast<char*>(workspace(kWsTopkSample, size_t(sub + M * k * 8 + M * 8)));
-    const void* src[3] = {a.packed, a.scale, a.zp};
-    GatherArgs ga;
-    char* dst = w;
-    int arrays = 0;
-    for (int i = 0; i < 3; ++i) {
-      if (tile[i] == 0) continue;
-      ga.src[arrays] = static_cast<const uint4*>(src[i]);
-      ga.dst[arrays] = reinterpret_cast<uint4*>(dst);
-      ga.words[arrays] = tile[i] / 16;
-      ga.stride[arrays] = stride * (tile[i] / 16);
-      dst += ns * tile[i];
-      ++arrays;
-    }
-    gather_blocks_kernel<<<dim3(unsigned(std::min<int64_t>(blocks_for(tile[0] / 16, 256), 16)), unsigned(ns), unsigned(arrays)),
-                           256, 0, s>>>(ga);
-    QHEAD_CUDA_CHECK_LAUNCH("gather_blocks_kernel");
+    // The sample's logits straight from the table (its tiles tile_stride apart), then the thresholds.
+    const int64_t Vs = ns * 128;
+    char* w = static_cast<char*>(workspace(kWsTopkSample, size_t(M * Vs * 4 + M * 4)));
     LogitsArgs b = a;
-    b.packed = reinterpret_cast<const uint32_t*>(w);
-    b.scale = w + ns * tile[0];
-    b.zp = a.zp ? reinterpret_cast<const uint32_t*>(w + ns * (tile[0] + tile[1])) : nullptr;
+    b.tile_stride = full / ns;
     b.V = Vs;
     b.ldo = Vs;
-    b.out = static_cast<float*>(workspace(kWsLogits, size_t(M * Vs) * sizeof(float)));
-    b.gemm_only = true;
+    b.out = reinterpret_cast<float*>(w);
     if (launch_fused_logits(table, x, b, s)) {
-      SelectArgs sa;
-      sa.in = b.out;
-      sa.n = Vs;
-      sa.k = int(k);
-      sa.cand = reinterpret_cast<uint64_t*>(w + sub);
-      sa.part = reinterpret_cast<float2*>(sa.cand + M * k);
-      launch_select<float>(dim3(1u, unsigned(M)), sa, s);  // Vs <= kSlice: one block per row
-      a.tk_thr = sa.cand;
+      float* thr = b.out + M * Vs;
+      list_threshold_kernel<<<unsigned(M), kSelThreads, 0, s>>>(b.out, int(Vs), int(k), thr);  // Vs <= kSlice
+      QHEAD_CUDA_CHECK_LAUNCH("list_threshold_kernel");
+      a.tk_thr = thr;
+      a.x_frag_ready = true;  // the same kernel layout as the main pass (v14, 128 columns)
     }
   }
   a.tk_lists = true;
   if (launch_fused_topk(table, x, a, s) == 0) return false;
   ListsArgs la;
-  la.list = a.tk_list;
-  la.count = a.tk_count;
-  la.sum = a.tk_sum;
+  la.in = a.tk_out;
   la.thr = a.tk_thr;
-  la.nseg = a.tk_nseg;
-  la.seg_cap = a.tk_seg_cap;
   la.k = int(k);
   la.values = values;
   la.ids = ids;

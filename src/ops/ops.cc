@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <string>
 
 #include "ops/ops_cuda.h"
@@ -15,6 +16,13 @@
 namespace qhead {
 
 namespace {
+
+// CUDA ops take turns: their scratch buffers and the cuBLAS handle are
+// process-wide (ops.h, "Threads"). Every cuda_ops call below holds this.
+std::unique_lock<std::mutex> cuda_turn() {
+  static std::mutex m;
+  return std::unique_lock<std::mutex>(m);
+}
 
 [[noreturn]] void fail(const char* op, const std::string& what) {
   throw Error(ErrorCode::kInvalidArgument, op, what);
@@ -99,12 +107,18 @@ void permute_columns_cpu(const TensorView& src, const TensorView& perm, const Te
 }  // namespace
 
 void gather_columns(const TensorView& src, const TensorView& perm, const TensorView& dst) {
-  if (src.device == Device::kCUDA) return cuda_ops::gather_columns(src, perm, dst);
+  if (src.device == Device::kCUDA) {
+    const auto turn = cuda_turn();
+    return cuda_ops::gather_columns(src, perm, dst);
+  }
   permute_columns_cpu(src, perm, dst, false);
 }
 
 void scatter_columns(const TensorView& src, const TensorView& perm, const TensorView& dst) {
-  if (src.device == Device::kCUDA) return cuda_ops::scatter_columns(src, perm, dst);
+  if (src.device == Device::kCUDA) {
+    const auto turn = cuda_turn();
+    return cuda_ops::scatter_columns(src, perm, dst);
+  }
   permute_columns_cpu(src, perm, dst, true);
 }
 
@@ -123,7 +137,10 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out, Bac
     scatter_columns(rows.view(), table.packed().col_perm.view(), out);
     return;
   }
-  if (table.device() == Device::kCUDA) return cuda_ops::embed(table, ids, out);
+  if (table.device() == Device::kCUDA) {
+    const auto turn = cuda_turn();
+    return cuda_ops::embed(table, ids, out);
+  }
   switch (backend) {
     case Backend::kAuto:
     case Backend::kFused:
@@ -149,7 +166,10 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
   check_x(table, x, op);
   check_out(out, table.device(), DType::kF32, {x.size(0), table.vocab()}, op, "out");
   if (table.has_col_perm()) return logits(table.stored_order(), permuted_x(table, x).view(), out, backend);
-  if (table.device() == Device::kCUDA) return cuda_ops::logits(table, x, out, backend);
+  if (table.device() == Device::kCUDA) {
+    const auto turn = cuda_turn();
+    return cuda_ops::logits(table, x, out, backend);
+  }
   switch (backend) {
     case Backend::kFallbackBlas:
       blas::logits_fallback(table, x, out);
@@ -187,8 +207,10 @@ void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   check_out(ids, table.device(), DType::kI32, {m, k}, op, "ids");
   check_out(lse, table.device(), DType::kF32, {m}, op, "logsumexp");
   if (table.has_col_perm()) return topk(table.stored_order(), permuted_x(table, x).view(), k, values, ids, lse, backend);
-  if (table.device() == Device::kCUDA)
+  if (table.device() == Device::kCUDA) {
+    const auto turn = cuda_turn();
     return cuda_ops::topk(table, x, k, values, ids, lse, backend);
+  }
   switch (backend) {
     case Backend::kAuto:
     case Backend::kFused:
@@ -223,7 +245,10 @@ void rescore(const Table& dense, const TensorView& x, const TensorView& candidat
   check_ids(candidates, dense.device(), dense.vocab(), op, "candidates");
   check_out(values, dense.device(), DType::kF32, candidates.shape, op, "values");
   check_out(ids, dense.device(), DType::kI32, candidates.shape, op, "ids");
-  if (dense.device() == Device::kCUDA) return cuda_ops::rescore(dense, x, candidates, values, ids);
+  if (dense.device() == Device::kCUDA) {
+    const auto turn = cuda_turn();
+    return cuda_ops::rescore(dense, x, candidates, values, ids);
+  }
   if (cpu::rescore(dense, x, candidates, values, ids)) return;
   ref::rescore(dense, x, candidates, values, ids);
 }
