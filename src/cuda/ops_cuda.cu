@@ -603,12 +603,21 @@ __global__ void __launch_bounds__(kSelThreads) topk_lists_kernel(const ListsArgs
   unsigned* base = reinterpret_cast<unsigned*>(items + kSlice);  // [nseg + 1] each list's first position in the row
   const TopkLists& in = a.in;
   const int m = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = kSelThreads / 32;
+  // Every global read that does not depend on another one is issued here, at the start: the
+  // threshold, and with the list lengths the sums below the threshold (step 3).
+  const float thr = a.thr ? a.thr[m] : -INFINITY;
   // 1. The lists' positions: thread tid takes the contiguous segments [s0, s1); a block-wide exclusive scan.
   const uint32_t* cnt = in.count + int64_t(m) * in.nseg;
+  const float* ssum = in.sum + int64_t(m) * in.nseg;
   const int per = (in.nseg + kSelThreads - 1) / kSelThreads;
   const int s0 = min(in.nseg, tid * per), s1 = min(in.nseg, s0 + per);
   unsigned c = 0;
-  for (int s = s0; s < s1; ++s) c += cnt[s];
+  double below = 0.0;  // Σ (sum − count) over the thread's segments: each listed logit added exactly 1
+  for (int s = s0; s < s1; ++s) {
+    const uint32_t n = cnt[s];
+    c += n;
+    below += fmax(double(ssum[s]) - double(n), 0.0);
+  }
   unsigned total;
   unsigned off = block_exclusive_scan(c, total, sm);
   for (int s = s0; s < s1; ++s) {
@@ -645,12 +654,13 @@ __global__ void __launch_bounds__(kSelThreads) topk_lists_kernel(const ListsArgs
     a.values[int64_t(m) * k + j] = entry_value(keep[j]);
     a.ids[int64_t(m) * k + j] = entry_id(keep[j]);
   }
-  // 3. lse = mx + log(Σ_candidates exp(l − mx) + exp(thr − mx) · Σ_lists sum), mx = max(best, thr).
-  const float thr = a.thr ? a.thr[m] : -INFINITY;
-  const double mx = fmax(keep[0] ? double(entry_value(keep[0])) : -INFINITY, double(thr));
-  double t = 0.0;
+  // 3. lse = mx + log(Σ_candidates exp(l − mx) + exp(thr − mx) · Σ_lists (sum − count)),
+  // mx = max(best, thr): the candidates' exps in f32 per thread (what the selection path's
+  // partial sums do), the block's sum in double.
+  const float mx = fmaxf(entry_value(keep[0]), thr);  // an empty keep[0] reads −inf
+  float tc = 0.0f;
   auto add = [&](uint64_t e) {
-    if (e) t += exp(double(entry_value(e)) - mx);
+    if (e) tc += expf(entry_value(e) - mx);
   };
   if (one_round) {  // every candidate is still in items
     for (int j = 0; j < per_round; ++j) add(items[j * kSelThreads + tid]);
@@ -658,20 +668,15 @@ __global__ void __launch_bounds__(kSelThreads) topk_lists_kernel(const ListsArgs
 #pragma unroll 4
     for (int64_t i = tid; i < int64_t(total); i += kSelThreads) add(list_entry(in, base, i));
   }
-  if (thr != -INFINITY) {  // each listed logit added exactly 1 to its segment's sum (topk_lists_tile)
-    const double f = exp(double(thr) - mx);
-    for (int s = tid; s < in.nseg; s += kSelThreads) {
-      const int64_t i = int64_t(m) * in.nseg + s;
-      t += fmax(double(in.sum[i]) - double(in.count[i]), 0.0) * f;
-    }
-  }
+  double t = tc;
+  if (thr != -INFINITY) t += below * exp(double(thr) - double(mx));
   for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
   if (lane == 0) dred[w] = t;
   __syncthreads();
   if (tid == 0) {
     double u = 0.0;
     for (int i = 0; i < nw; ++i) u += dred[i];
-    a.lse[m] = float(mx + log(u));
+    a.lse[m] = float(double(mx) + log(u));
   }
 }
 
