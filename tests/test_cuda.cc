@@ -19,7 +19,6 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
-#include <thread>
 
 #include "qhead/cuda.h"
 #include "qhead/ops.h"
@@ -669,21 +668,15 @@ TEST(Cuda, ConcurrentCallsFromSeveralThreads) {
   for (int c : cases) want[size_t(c)] = run(c);
   constexpr int kThreads = 4, kRounds = 5;
   std::atomic<int> mismatches{0}, calls{0};
-  std::vector<std::thread> users;
-  for (int u = 0; u < kThreads; ++u)
-    users.emplace_back([&, u] {
-      for (int r = 0; r < kRounds; ++r) {
-        const int c = cases[(u + r) % 3];
-        const Result got = run(c);
-        const Result& w = want[size_t(c)];
-        const bool same = same_bytes(got.logits, w.logits) && same_bytes(got.values, w.values) &&
-                          same_bytes(got.top_ids, w.top_ids) && same_bytes(got.lse, w.lse) &&
-                          same_bytes(got.rows, w.rows);
-        if (!same) ++mismatches;
-        calls += 3;
-      }
-    });
-  for (auto& th : users) th.join();
+  run_concurrently(kThreads, kRounds, [&](int u, int r) {
+    const int c = cases[(u + r) % 3];
+    const Result got = run(c);
+    const Result& w = want[size_t(c)];
+    const bool same = same_bytes(got.logits, w.logits) && same_bytes(got.values, w.values) &&
+                      same_bytes(got.top_ids, w.top_ids) && same_bytes(got.lse, w.lse) && same_bytes(got.rows, w.rows);
+    if (!same) ++mismatches;
+    calls += 3;
+  });
   EXPECT_EQ(calls.load(), 3 * kThreads * kRounds);
   EXPECT_EQ(mismatches.load(), 0);
 }

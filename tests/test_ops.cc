@@ -47,7 +47,6 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "qhead/error.h"
@@ -872,26 +871,21 @@ TEST(Ops, ConcurrentCallsFromSeveralThreads) {
   }
   constexpr int kThreads = 4, kRounds = 6;
   std::atomic<int> mismatches{0}, calls{0};
-  std::vector<std::thread> users;
-  for (int u = 0; u < kThreads; ++u)
-    users.emplace_back([&, u] {
-      for (int r = 0; r < kRounds; ++r) {
-        const int i = (u + r) % 2;
-        const Table& t = *tables[i];
-        Tensor l = Tensor::empty(DType::kF32, {a.m, t.vocab()});
-        qt::poison(l.view());
-        qhead::logits(t, a.x.view(), l.view());
-        const qhead::TopK top = qhead::topk(t, a.x.view(), 9);
-        const Tensor rows = qhead::embed(t, ids.view());
-        if (!qt::same_bytes(l, want[i].logits)) ++mismatches;
-        if (!qt::same_bytes(top.values, want[i].top.values) || !qt::same_bytes(top.ids, want[i].top.ids) ||
-            !qt::same_bytes(top.logsumexp, want[i].top.logsumexp))
-          ++mismatches;
-        if (!qt::same_bytes(rows, want[i].rows)) ++mismatches;
-        calls += 3;
-      }
-    });
-  for (auto& th : users) th.join();
+  qt::run_concurrently(kThreads, kRounds, [&](int u, int r) {
+    const int i = (u + r) % 2;
+    const Table& t = *tables[i];
+    Tensor l = Tensor::empty(DType::kF32, {a.m, t.vocab()});
+    qt::poison(l.view());
+    qhead::logits(t, a.x.view(), l.view());
+    const qhead::TopK top = qhead::topk(t, a.x.view(), 9);
+    const Tensor rows = qhead::embed(t, ids.view());
+    if (!qt::same_bytes(l, want[i].logits)) ++mismatches;
+    if (!qt::same_bytes(top.values, want[i].top.values) || !qt::same_bytes(top.ids, want[i].top.ids) ||
+        !qt::same_bytes(top.logsumexp, want[i].top.logsumexp))
+      ++mismatches;
+    if (!qt::same_bytes(rows, want[i].rows)) ++mismatches;
+    calls += 3;
+  });
   EXPECT_EQ(calls.load(), 3 * kThreads * kRounds);
   EXPECT_EQ(mismatches.load(), 0);
 }

@@ -21,6 +21,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "qhead/dtype.h"
@@ -191,6 +192,18 @@ inline double logit_tol(const Dot& d, int64_t h) {
 // The same dtype, shape and bytes.
 inline bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
+}
+
+// Runs body(u, r) for r in [0, rounds) on each of `threads` threads u at
+// once (the ops' thread-safety tests), then joins them.
+template <class Body>
+void run_concurrently(int threads, int rounds, Body&& body) {
+  std::vector<std::thread> users;
+  for (int u = 0; u < threads; ++u)
+    users.emplace_back([&body, u, rounds] {
+      for (int r = 0; r < rounds; ++r) body(u, r);
+    });
+  for (auto& th : users) th.join();
 }
 
 // ---- poisoning ---------------------------------------------------------------------------
