@@ -591,7 +591,7 @@ __device__ __forceinline__ uint64_t list_entry(const TopkLists& in, const unsign
 // One block per row m: the exact top-k of the row's candidate lists — in
 // rounds of up to kListChunk entries plus the best k so far, so that any
 // total fits (all logits tied: every logit is a candidate) — and the lse:
-// the candidates' exps plus the kernel's sums below the threshold, in double.
+// the candidates' exps plus the kernel's sums below the threshold.
 // Each thread loads entries spread over the whole row (list_entry), so that
 // its loads are independent of each other and all in flight at once.
 __global__ void __launch_bounds__(kSelThreads) topk_lists_kernel(const ListsArgs a) {
