@@ -507,6 +507,30 @@ TEST(Cuda, TopkListEpilogue) {
   }
 }
 
+// The list top-k's sample reads its tiles in place, stride tiles apart, so
+// its rows run past the sample's own size (8192): their scales must be read
+// as the table's. With V = 20011 the sample takes every 2nd tile and row
+// 8192 is one of its rows. Its scales are made 4096× larger, so that its
+// logit leads or trails every other by far: a sample that misread two of its
+// 16-bit scales (groups 0 and 1 of a 64-byte-group layout, one group per
+// stage) got a logit of one sign where the true one has the other, and with
+// k = 1 that value is the threshold — the true top-1 below it was dropped.
+TEST(Cuda, TopkListSampleRowsPastTheSample) {
+  SKIP_WITHOUT_GPU();
+  auto scale_row = [](PackedTable& t) {
+    const int64_t G = t.scheme.groups(t.hidden), r = 8192;
+    for (int64_t g = 0; g < G; ++g)
+      store_from_f32(t.scale.data(), t.scheme.scale_dtype, r * G + g,
+                     4096.0f * load_as_f32(t.scale.data(), t.scheme.scale_dtype, r * G + g));
+  };
+  uint64_t seed = 4901;  // seed % 3 != 0: 16-bit scales (check_topk)
+  check_topk({4, 128, true, DType::kBF16, 20011, 65, 1, Backend::kFused}, seed, scale_row);
+  seed = 4903;
+  check_topk({8, 64, false, DType::kBF16, 20011, 65, 1, Backend::kFused}, seed, scale_row);
+  seed = 4904;
+  check_topk({4, 128, false, DType::kBF16, 20011, 130, 50, Backend::kFused}, seed, scale_row);
+}
+
 // Small shapes for the compute-sanitizer runs (memcheck, racecheck): each
 // path of topk once — the fused epilogue (M = 1, 8, 3; k up to its limit of
 // 256, beyond a CTA's 128-row tile step), logits then selection (M = 17, 64,

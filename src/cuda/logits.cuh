@@ -1201,7 +1201,8 @@ __device__ __forceinline__ void copy_scales_zeros(const LogitsArgs& a, uint32_t 
     const int64_t off = soff + g0 * sbytes;
     switch (GPS * sbytes) {
       case 2: {
-        const int64_t al = off & ~int64_t(3), s_end = a.V * a.groups * 2;
+        // The scales' end: the table's rows the kernel reads (a.tile_stride: the sample's tiles lie apart).
+        const int64_t al = off & ~int64_t(3), s_end = a.V * a.tile_stride * a.groups * 2;
         cp_async_n<4>(sd, scale + al, sok ? int(s_end - al < 4 ? s_end - al : 4) : 0);
         break;
       }
