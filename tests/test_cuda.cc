@@ -667,10 +667,7 @@ TEST(Cuda, ConcurrentCallsFromSeveralThreads) {
   const Table t8 = cuda::to_device(Table::packed(random_packed(3001, 256, QuantScheme::parse("w8g128", DType::kF16), 8101)));
   const Table* tables[2] = {&t4, &t8};
   const Tensor xs[2] = {upload(random_tensor(DType::kF16, 200, 256, 8102)), upload(random_tensor(DType::kBF16, 5, 256, 8103))};
-  Tensor idh = Tensor::empty(DType::kI32, {6});
-  const int32_t id_list[6] = {0, 3000, 17, 17, 2999, 1};
-  std::memcpy(idh.data(), id_list, sizeof(id_list));
-  const Tensor ids = upload(idh);
+  const Tensor ids = upload(make_ids({0, 3000, 17, 17, 2999, 1}, DType::kI32));
   struct Result {
     Tensor logits, values, top_ids, lse, rows;  // on the host
   };

@@ -65,6 +65,7 @@ using qhead::Table;
 using qhead::Tensor;
 using qhead::TensorView;
 namespace qt = qhead::test;
+using qt::make_ids;
 
 constexpr double kTopkFullMacs = 24e6;  // V·H·M above which the reference topk runs on row 0 of x only
 
@@ -301,16 +302,6 @@ void check_topk(const Table& t, const Acts& a, int64_t k, const Tensor& ref_logi
            std::to_string(tol));
   }
   EXPECT_EQ(bad, 0);
-}
-
-// Ids tensor (I32 or I64) from a list.
-Tensor make_ids(const std::vector<int64_t>& v, DType t) {
-  Tensor ids = Tensor::empty(t, {static_cast<int64_t>(v.size())});
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (t == DType::kI64) ids.ptr<int64_t>()[i] = v[i];
-    else ids.ptr<int32_t>()[i] = static_cast<int32_t>(v[i]);
-  }
-  return ids;
 }
 
 // embed with I32 and I64 ids into F32/F16/BF16: every element equals the

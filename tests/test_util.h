@@ -189,6 +189,16 @@ inline double logit_tol(const Dot& d, int64_t h) {
   return (gamma_n(h, kU32) + gamma_n(h + 4, kU64)) * d.abs_sum;
 }
 
+// An ids tensor (I32 or I64) on the host from a list.
+inline Tensor make_ids(const std::vector<int64_t>& v, DType t) {
+  Tensor ids = Tensor::empty(t, {static_cast<int64_t>(v.size())});
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (t == DType::kI64) ids.ptr<int64_t>()[i] = v[i];
+    else ids.ptr<int32_t>()[i] = static_cast<int32_t>(v[i]);
+  }
+  return ids;
+}
+
 // The same dtype, shape and bytes.
 inline bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;

@@ -88,6 +88,9 @@ struct LogitsArgs {
   int64_t tile_stride = 1;      // v14 kernel only (launch_logits takes no other then): its 128-row tile j reads
                                 // the table's tile j·tile_stride, and V counts the tiles read — the list
                                 // top-k's threshold sample, computed in place (V ≤ the table's V / tile_stride)
+  // The table rows the kernel may read: every bound on the table's arrays (codes, scales, zero points)
+  // takes this, not V.
+  __host__ __device__ int64_t table_rows() const { return V * tile_stride; }
   int st_spg = 1;               // staged / GEMM kernel, groups longer than a stage: stages per group (set by the launcher)
   bool gemm_only = false;       // launch_logits: take the GEMM or nothing (large M, where the GEMV kernels lose to cuBLAS)
 };
@@ -1201,8 +1204,7 @@ __device__ __forceinline__ void copy_scales_zeros(const LogitsArgs& a, uint32_t 
     const int64_t off = soff + g0 * sbytes;
     switch (GPS * sbytes) {
       case 2: {
-        // The scales' end: the table's rows the kernel reads (a.tile_stride: the sample's tiles lie apart).
-        const int64_t al = off & ~int64_t(3), s_end = a.V * a.tile_stride * a.groups * 2;
+        const int64_t al = off & ~int64_t(3), s_end = a.table_rows() * a.groups * 2;
         cp_async_n<4>(sd, scale + al, sok ? int(s_end - al < 4 ? s_end - al : 4) : 0);
         break;
       }
@@ -2007,7 +2009,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
       if (q >= NS) mbar_wait(empty0 + slot * 8, phase ^ 1u);  // the slot's previous use was consumed
       if (cur.ks == 0) {  // a new unit: this thread's row, scale row, zero-point word row, column tile
         // The table row (a.tile_stride: a sample's tiles lie apart; they are whole, inside the table).
-        const int64_t trow0 = cur.row0 * a.tile_stride, row = trow0 + tid, tv = a.V * a.tile_stride;
+        const int64_t trow0 = cur.row0 * a.tile_stride, row = trow0 + tid, tv = a.table_rows();
         sok = row < tv;
         wp = reinterpret_cast<const char*>(a.packed) + (sok ? row : 0) * row_bytes;
         wn = sok ? 16 : 0;  // rows past V: zero-filled from an in-range address

@@ -5,6 +5,7 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "ops/ops_cuda.h"
 #include "ops/ops_perm.h"
@@ -17,11 +18,17 @@ namespace qhead {
 
 namespace {
 
-// CUDA ops take turns: their scratch buffers and the cuBLAS handle are
-// process-wide (ops.h, "Threads"). Every cuda_ops call below holds this.
-std::unique_lock<std::mutex> cuda_turn() {
+// Runs a cuda_ops call holding the one lock every CUDA op takes turns on:
+// their scratch buffers and the cuBLAS handle are process-wide (ops.h,
+// "Threads").
+std::mutex& cuda_mutex() {
   static std::mutex m;
-  return std::unique_lock<std::mutex>(m);
+  return m;
+}
+template <class... P, class... A>
+void cuda_turn(void (*op)(P...), A&&... args) {
+  const std::lock_guard<std::mutex> lock(cuda_mutex());  // one mutex for every op, outside the template
+  op(std::forward<A>(args)...);
 }
 
 [[noreturn]] void fail(const char* op, const std::string& what) {
@@ -107,18 +114,12 @@ void permute_columns_cpu(const TensorView& src, const TensorView& perm, const Te
 }  // namespace
 
 void gather_columns(const TensorView& src, const TensorView& perm, const TensorView& dst) {
-  if (src.device == Device::kCUDA) {
-    const auto turn = cuda_turn();
-    return cuda_ops::gather_columns(src, perm, dst);
-  }
+  if (src.device == Device::kCUDA) return cuda_turn(cuda_ops::gather_columns, src, perm, dst);
   permute_columns_cpu(src, perm, dst, false);
 }
 
 void scatter_columns(const TensorView& src, const TensorView& perm, const TensorView& dst) {
-  if (src.device == Device::kCUDA) {
-    const auto turn = cuda_turn();
-    return cuda_ops::scatter_columns(src, perm, dst);
-  }
+  if (src.device == Device::kCUDA) return cuda_turn(cuda_ops::scatter_columns, src, perm, dst);
   permute_columns_cpu(src, perm, dst, true);
 }
 
@@ -137,10 +138,7 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out, Bac
     scatter_columns(rows.view(), table.packed().col_perm.view(), out);
     return;
   }
-  if (table.device() == Device::kCUDA) {
-    const auto turn = cuda_turn();
-    return cuda_ops::embed(table, ids, out);
-  }
+  if (table.device() == Device::kCUDA) return cuda_turn(cuda_ops::embed, table, ids, out);
   switch (backend) {
     case Backend::kAuto:
     case Backend::kFused:
@@ -166,10 +164,7 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
   check_x(table, x, op);
   check_out(out, table.device(), DType::kF32, {x.size(0), table.vocab()}, op, "out");
   if (table.has_col_perm()) return logits(table.stored_order(), permuted_x(table, x).view(), out, backend);
-  if (table.device() == Device::kCUDA) {
-    const auto turn = cuda_turn();
-    return cuda_ops::logits(table, x, out, backend);
-  }
+  if (table.device() == Device::kCUDA) return cuda_turn(cuda_ops::logits, table, x, out, backend);
   switch (backend) {
     case Backend::kFallbackBlas:
       blas::logits_fallback(table, x, out);
@@ -207,10 +202,7 @@ void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
   check_out(ids, table.device(), DType::kI32, {m, k}, op, "ids");
   check_out(lse, table.device(), DType::kF32, {m}, op, "logsumexp");
   if (table.has_col_perm()) return topk(table.stored_order(), permuted_x(table, x).view(), k, values, ids, lse, backend);
-  if (table.device() == Device::kCUDA) {
-    const auto turn = cuda_turn();
-    return cuda_ops::topk(table, x, k, values, ids, lse, backend);
-  }
+  if (table.device() == Device::kCUDA) return cuda_turn(cuda_ops::topk, table, x, k, values, ids, lse, backend);
   switch (backend) {
     case Backend::kAuto:
     case Backend::kFused:
@@ -245,10 +237,7 @@ void rescore(const Table& dense, const TensorView& x, const TensorView& candidat
   check_ids(candidates, dense.device(), dense.vocab(), op, "candidates");
   check_out(values, dense.device(), DType::kF32, candidates.shape, op, "values");
   check_out(ids, dense.device(), DType::kI32, candidates.shape, op, "ids");
-  if (dense.device() == Device::kCUDA) {
-    const auto turn = cuda_turn();
-    return cuda_ops::rescore(dense, x, candidates, values, ids);
-  }
+  if (dense.device() == Device::kCUDA) return cuda_turn(cuda_ops::rescore, dense, x, candidates, values, ids);
   if (cpu::rescore(dense, x, candidates, values, ids)) return;
   ref::rescore(dense, x, candidates, values, ids);
 }
