@@ -1795,7 +1795,8 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
 // both warpgroups wait for their wgmmas at every group end, so they dequantize,
 // multiply and fold in lockstep: at M = 256 the tensor cores were busy
 // ~16–25 % of the time (docs/performance.md, session 3). Here one warpgroup
-// only copies (cp.async, completion signalled on a per-slot "full" mbarrier)
+// only copies (cp.async for the codes and scales, one bulk copy for the
+// activations; completion signalled on a per-slot "full" mbarrier)
 // and the two consumer warpgroups never meet: each waits for a slot to be
 // full, computes, and marks it free on the slot's "empty" mbarrier (one
 // arrival per consumer warp), so one warpgroup's dequant and fold overlap
@@ -1821,6 +1822,21 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 // Arrives on the barrier once every cp.async this thread issued so far has landed.
+// One arrival that also expects `bytes` of bulk-copy transactions on the barrier's current phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// A bulk copy global → shared through the async proxy (the proxy the wgmmas read shared memory
+// through: no proxy fence between them); completes `bytes` transactions on bar. dst, src and
+// bytes: multiples of 16.
+__device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+#endif
+}
 __device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
@@ -1976,7 +1992,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
   unsigned char* const sbase = ws_smem + (smem0 - smem_u32(ws_smem));
   if (tid == 0) {
     for (int i = 0; i < NS; ++i) {
-      mbar_init(full0 + i * 8, 128);  // the producer's 128 threads, each once its copies landed
+      // The producer's 128 threads, each once its cp.async copies landed, + thread 0's expect_tx
+      // arrival (the phase completes when the bulk copy's bytes landed too).
+      mbar_init(full0 + i * 8, 129);
       mbar_init(empty0 + i * 8, 8);   // the 8 consumer warps, each once done with the slot
     }
   }
@@ -2025,9 +2043,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
 #pragma unroll
       for (int sp = 0; sp < SPS; ++sp) cp_async16(st + tid * P + sp * 16, wp + sp * 16, wn);
       wp += kGemmC;
-#pragma unroll
-      for (int i = 0; i < Gg::X_BYTES / 16 / 128; ++i)  // the stage's activations: one block, laid out already
-        cp_async16(st + Gg::W_BYTES + (i * 128 + tid) * 16, xp + (i * 128 + tid) * 16, 16);
+      if (tid == 0) {  // the stage's activations: one block, laid out already, in one bulk copy
+        mbar_arrive_expect_tx(full0 + slot * 8, Gg::X_BYTES);
+        bulk_copy_g2s(st + Gg::W_BYTES, xp, Gg::X_BYTES, full0 + slot * 8);
+      }
       xp += int64_t(Mpad / BM) * Gg::X_BYTES;
       copy_scales_zeros<BITS, BV, GPS, ASYM>(a, st + Gg::W_BYTES + Gg::X_BYTES, soff, sok, z, zok, cur.g0, tid);
       cp_async_mbar_arrive(full0 + slot * 8);
@@ -2084,9 +2103,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
     uint32_t phase = 0;
     // One stage; B0: the A set of its first batch (batches alternate sets across stages).
     auto stage = [&](auto b0) {
+      // The wgmmas read only the activations, which the bulk copy wrote through the async proxy, the
+      // one they read through: no proxy fence (the codes and scales came by cp.async, the generic
+      // proxy, and are read by ldmatrix and ld.shared). The fence cost a MEMBAR.ALL.CTA per stage,
+      // which waited for the previous unit's logit stores.
       mbar_wait(full0 + slot * 8, phase);
-      // cp.async wrote the slot through the generic proxy; the wgmmas read it through the async proxy.
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
       const uint32_t stu = smem0 + slot * STAGE;
       const unsigned char* stp = sbase + slot * STAGE;
       uint32_t w[SPS][2];
