@@ -1395,9 +1395,14 @@ struct GemmStream : GemmCursor<BITS, BV, BM, GS> {
   }
   // Stage q: waits until it landed for every thread and every warp is done
   // with stage q − 1 (its slot is refilled here); returns q's slot.
+  // PROXY_FENCE (the wgmma GEMM): the stage was written by cp.async, the generic proxy, and is
+  // read by wgmma, the async proxy: after the barrier every thread orders the two with
+  // fence.proxy.async, before it issues the next copies.
+  template <bool PROXY_FENCE = false>
   __device__ __forceinline__ int begin(const LogitsArgs& a, int64_t q) {
     cp_async_wait<NS - 2>();
     __syncthreads();
+    if constexpr (PROXY_FENCE) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     issue(a, int((q + NS - 1) % NS));
     return int(q % NS);
   }
@@ -1776,7 +1781,7 @@ __global__ void __launch_bounds__(kGemmThreads, MINB) logits_wgmma_kernel(const 
   init_bias<BITS, T>(bias, bias16, zoff);
 
   for (int64_t q = 0; q < st.total; ++q) {
-    const int slot = st.begin(a, q);  // every warpgroup's wgmmas on stage q − 1 completed (waited below)
+    const int slot = st.template begin<true>(a, q);  // every warpgroup's wgmmas on stage q − 1 completed (waited below)
     wgmma_stage<BITS, T, BN, GS, ASYM, NS>(a, st, desc_hi, smem0 + slot * Gg::STAGE, wg_smem + slot * Gg::STAGE, wic, lane,
                                            acc, cacc, bias, bias16, zoff);
     if (st.end_stage()) {  // the unit is done: accumulators → out
