@@ -1932,19 +1932,19 @@ __device__ __forceinline__ void topk_lists_tile(const LogitsArgs& a, const float
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int col = n * 8 + 2 * t + c;
-        const float2 th = thr_s[col];
+        const float thx = thr_s[col].x, thy = thx * kLog2e;  // thy: the stored product, recomputed (fewer live registers)
         float v0 = acc[n][c], v1 = acc[n][c + 2];
         if constexpr (decltype(partial)::value) {
           v0 = va ? v0 : -INFINITY;
           v1 = vb ? v1 : -INFINITY;
         }
-        float e0 = ex2_ftz(fminf(fmaf(v0, kLog2e, -th.y), 0.0f)), e1 = ex2_ftz(fminf(fmaf(v1, kLog2e, -th.y), 0.0f));
+        float e0 = ex2_ftz(fminf(fmaf(v0, kLog2e, -thy), 0.0f)), e1 = ex2_ftz(fminf(fmaf(v1, kLog2e, -thy), 0.0f));
         if constexpr (decltype(partial)::value) {  // with thr = −inf, −inf − (−inf) is NaN: no term at all
           e0 = va ? e0 : 0.0f;
           e1 = vb ? e1 : 0.0f;
         }
         sum[col * 8 + g] += e0 + e1;
-        flags |= fmaxf(v0, v1) >= th.x ? 1u << (2 * n + c) : 0u;
+        flags |= fmaxf(v0, v1) >= thx ? 1u << (2 * n + c) : 0u;
       }
   };
   if (r0 + 16 <= a.V) phase1(std::false_type());  // warp-uniform
