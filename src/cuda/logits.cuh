@@ -1899,8 +1899,11 @@ __host__ __device__ __forceinline__ float list_margin(float v) { return v - (fab
 
 // One warp's 16 rows × NT·8 columns of a finished unit (acc: the m64nNk16
 // accumulator layout, rows r0 + g and r0 + g + 8, columns n·8 + 2t + {0, 1}).
-// thr_s[col] = (threshold, threshold · log2 e); columns >= M have +inf, rows
-// >= V take no part. Two phases, so that the common work has no branch
+// thr_s[col] = (threshold, threshold · log2 e); only .x is read here and the
+// product is recomputed (the same f32 multiply, so the same bits): loading
+// both for the thread's 32 columns made the TOPK kernels spill (108–156
+// bytes). Columns >= M have +inf, rows >= V take no part. Two phases, so
+// that the common work has no branch
 // between columns and its latencies overlap:
 //  1. every column: exp(min(l − thr, 0)) added to sum[col · 8 + g] (one slot
 //     per lane row: no shuffles; 32 running sums per thread would take
