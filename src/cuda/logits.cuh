@@ -1899,11 +1899,11 @@ __host__ __device__ __forceinline__ float list_margin(float v) { return v - (fab
 
 // One warp's 16 rows × NT·8 columns of a finished unit (acc: the m64nNk16
 // accumulator layout, rows r0 + g and r0 + g + 8, columns n·8 + 2t + {0, 1}).
-// thr_s[col] = (threshold, threshold · log2 e); only .x is read here and the
-// product is recomputed (the same f32 multiply, so the same bits): loading
-// both for the thread's 32 columns made the TOPK kernels spill (108–156
-// bytes). Columns >= M have +inf, rows >= V take no part. Two phases, so
-// that the common work has no branch
+// thr_s[col] = the column's threshold; phase 1 multiplies it by log2 e where
+// it needs it (loading a stored (threshold, product) pair for the thread's
+// 32 columns made the TOPK kernels spill 108–156 bytes). Columns >= M have
+// +inf, rows >= V take no part. Two phases, so that the common work has no
+// branch
 // between columns and its latencies overlap:
 //  1. every column: exp(min(l − thr, 0)) added to sum[col · 8 + g] (one slot
 //     per lane row: no shuffles; 32 running sums per thread would take
@@ -1922,7 +1922,7 @@ __device__ __forceinline__ float ex2_ftz(float x) {
 }
 template <int NT>
 __device__ __forceinline__ void topk_lists_tile(const LogitsArgs& a, const float (&acc)[NT][4], int64_t r0, int m0,
-                                                int seg, int lane, const float2* thr_s, uint32_t* cnt, float* sum) {
+                                                int seg, int lane, const float* thr_s, uint32_t* cnt, float* sum) {
   static_assert(NT * 2 <= 32, "one flag bit per column of the thread");
   constexpr float kLog2e = 1.4426950408889634f;
   const int g = lane >> 2, t = lane & 3;
@@ -1935,7 +1935,7 @@ __device__ __forceinline__ void topk_lists_tile(const LogitsArgs& a, const float
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int col = n * 8 + 2 * t + c;
-        const float thx = thr_s[col].x, thy = thx * kLog2e;  // thy: the stored product, recomputed (fewer live registers)
+        const float thx = thr_s[col], thy = thx * kLog2e;
         float v0 = acc[n][c], v1 = acc[n][c + 2];
         if constexpr (decltype(partial)::value) {
           v0 = va ? v0 : -INFINITY;
@@ -1963,7 +1963,7 @@ __device__ __forceinline__ void topk_lists_tile(const LogitsArgs& a, const float
     for (int c = 0; c < 2; ++c) {
       if (!((any >> (2 * n + c)) & 1u)) continue;  // warp-uniform
       const int col = n * 8 + 2 * t + c;
-      const float th = thr_s[col].x, v0 = acc[n][c], v1 = acc[n][c + 2];
+      const float th = thr_s[col], v0 = acc[n][c], v1 = acc[n][c + 2];
       const bool h0 = va && v0 >= th, h1 = vb && v1 >= th;
       const unsigned b0 = __ballot_sync(0xffffffffu, h0), b1 = __ballot_sync(0xffffffffu, h1);
       const unsigned base = cnt[col], n0 = __popc(b0 & same);
@@ -1985,13 +1985,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
   constexpr int GPS = GS > 0 ? SPS / GS : 1;
   static_assert(NS >= 2 && Gg::X_BYTES % (128 * 16) == 0 && KBST % 4 == 0 && Gg::W_BYTES % 1024 == 0,
                 "ring of at least two stages; whole 128-thread activation rounds; 1024-byte swizzle atoms");
-  static_assert(!TOPK || ws_smem_bytes<BITS, BN, ASYM>() + BN * (8 + 8 * 4 + 8 * 8 * 4) + 16 * NS <= 227 * 1024,
+  static_assert(!TOPK || ws_smem_bytes<BITS, BN, ASYM>() + BN * (4 + 8 * 4 + 8 * 8 * 4) + 16 * NS <= 227 * 1024,
                 "the ring and the top-k arrays fit a block's shared memory");
   extern __shared__ __align__(128) unsigned char ws_smem[];
   __shared__ __align__(8) uint64_t bars[2 * NS];  // full[0, NS), empty[NS, 2·NS)
   // TOPK (topk_lists_tile): the CTA's columns' thresholds; each consumer warp's list lengths, and its
   // sums of exp(min(l − thr, 0)) per column and lane row.
-  __shared__ float2 thr_s[TOPK ? BN : 1];
+  __shared__ float thr_s[TOPK ? BN : 1];
   __shared__ uint32_t cnt_s[TOPK ? 8 : 1][TOPK ? BN : 1];
   __shared__ float sum_s[TOPK ? 8 : 1][TOPK ? BN * 8 : 1];
   const int tid = threadIdx.x;
@@ -2009,8 +2009,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
   if constexpr (TOPK) {  // the launcher makes gridDim.x a multiple of the column tiles: one tile per CTA
     const int m0 = int(blockIdx.x % unsigned(Mpad / BM)) * BM;
     for (int i = tid; i < BN; i += kWsThreads) {
-      const float th = m0 + i >= a.M ? INFINITY : a.tk_thr ? a.tk_thr[m0 + i] : -INFINITY;
-      thr_s[i] = make_float2(th, th * 1.4426950408889634f);
+      thr_s[i] = m0 + i >= a.M ? INFINITY : a.tk_thr ? a.tk_thr[m0 + i] : -INFINITY;
     }
     for (int i = tid; i < 8 * BN; i += kWsThreads) cnt_s[i / BN][i % BN] = 0;
     for (int i = tid; i < 8 * BN * 8; i += kWsThreads) sum_s[i / (BN * 8)][i % (BN * 8)] = 0.0f;
