@@ -240,6 +240,10 @@ TEST(Cuda, LogitsWgmmaWarpSpecialized) {
         check_logits({bits, group, seed % 2 == 0, act, scale, M == 256 ? 20011 : 3001, 1024, M}, seed++,
                      Backend::kFused);
       }
+  // v14's 8-bit stages hold 128 bytes of a row (ws_c): rows of 576 bytes take v11's 64-byte
+  // stages instead, at the same M.
+  check_logits({8, 64, true, DType::kF16, DType::kF16, 3001, 576, 256}, seed++, Backend::kFused);
+  check_logits({8, -1, false, DType::kBF16, DType::kBF16, 3001, 576, 70}, seed++, Backend::kFused);
 }
 
 // The staged GEMV with large activations: up to 72 KB (here M = 7) each CTA

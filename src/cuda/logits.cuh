@@ -1171,15 +1171,16 @@ constexpr int kGemmThreads = 256;  // 8 warps (two warpgroups) per CTA, one CTA 
 constexpr int kGemmC = 64;         // bytes per row per stage
 constexpr int kGemmNS = 4;         // stages in the ring
 
-// One ring stage: BV rows of codes (64 bytes each, padded to P), the
+// One ring stage: BV rows of codes (C bytes each, padded to P), the
 // activations' k-slice for BM columns, the scales (≤ 16 bytes per row) and
-// zero points (≤ 4 words per word row) the stage's groups need.
-template <int BITS, int BV, int BM, bool ASYM, int NS = kGemmNS>
+// zero points (≤ 4 words per word row) the stage's groups need. C: kGemmC,
+// except the warp-specialized kernel's 8-bit stages (ws_c).
+template <int BITS, int BV, int BM, bool ASYM, int NS = kGemmNS, int C = kGemmC>
 struct GemmGeometry {
-  static constexpr int SPS = kGemmC / 16;                // 16-byte segments per row per stage
+  static constexpr int SPS = C / 16;                     // 16-byte segments per row per stage
   static constexpr int KBS = BITS == 4 ? 2 : 1;          // k-blocks (16 h) per segment
   static constexpr int KBST = SPS * KBS;                 // k-blocks per stage
-  static constexpr int P = kGemmC + 16;                  // shared row pitch of the codes (bytes)
+  static constexpr int P = C + 16;                       // shared row pitch of the codes (bytes)
   static constexpr int W_BYTES = BV * P;
   static constexpr int X_BYTES = KBST * BM * 32;         // 32 bytes per (k-block, column)
   static constexpr int S_BYTES = BV * 16;
@@ -1314,9 +1315,9 @@ struct GemmCopier {
 // a persistent grid, column tile fastest: the unit, its first row and
 // column, the stage, the stage's first group (GS == 0: the stage's place in
 // its group). The warp-specialized GEMM's producer walks the same sequence.
-template <int BITS, int BV, int BM, int GS>
+template <int BITS, int BV, int BM, int GS, int C = kGemmC>
 struct GemmCursor {
-  static constexpr int GPS = GS > 0 ? (kGemmC / 16) / GS : 1;  // groups a stage touches
+  static constexpr int GPS = GS > 0 ? (C / 16) / GS : 1;  // groups a stage touches
   int nst, nmt, spg;
   int64_t total;        // stages of all the CTA's units
   int64_t u, row0, g0;  // unit, its first row, the stage's first group
@@ -1324,7 +1325,7 @@ struct GemmCursor {
 
   // False when the CTA has no unit.
   __device__ __forceinline__ bool init(const LogitsArgs& a, int Mpad) {
-    nst = int(int64_t(a.H) * BITS / 8 / kGemmC);
+    nst = int(int64_t(a.H) * BITS / 8 / C);
     nmt = Mpad / BM;
     spg = GS > 0 ? 1 : a.st_spg;
     const int64_t units = (a.V + BV - 1) / BV * nmt;
@@ -1860,9 +1861,17 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 
 constexpr int kWsThreads = 384;         // producer warpgroup + two consumer warpgroups
 constexpr int kWsSmem = 200 * 1024;     // stage ring budget (of 227 KB per block)
+// Code bytes per row per stage: 128 k for both widths. A stage's fixed costs (the two mbarrier
+// hand-offs, the scale reads, the batch chain's wait) then buy eight m64nNk16 wgmmas per
+// consumer warpgroup, not four: with kGemmC's 64 bytes the 8-bit kernel took 1.45-1.65x
+// cuBLAS's time at M = 256 against 1.16-1.31x for 4-bit (docs/performance.md, session 11).
+template <int BITS>
+constexpr int ws_c() { return BITS == 8 ? 128 : kGemmC; }
+template <int BITS, int BN, bool ASYM, int NS = 1>
+using WsGeometry = GemmGeometry<BITS, 128, BN, ASYM, NS, ws_c<BITS>()>;
 template <int BITS, int BN, bool ASYM>
-constexpr int ws_stage_bytes() {  // a GemmGeometry stage rounded up to whole 1024-byte swizzle atoms
-  return (GemmGeometry<BITS, 128, BN, ASYM, 1>::STAGE + 1023) / 1024 * 1024;
+constexpr int ws_stage_bytes() {  // a WsGeometry stage rounded up to whole 1024-byte swizzle atoms
+  return (WsGeometry<BITS, BN, ASYM>::STAGE + 1023) / 1024 * 1024;
 }
 template <int BITS, int BN, bool ASYM>
 constexpr int ws_stages() {
@@ -1979,8 +1988,8 @@ __device__ __forceinline__ void topk_lists_tile(const LogitsArgs& a, const float
 template <int BITS, class T, int BN, int GS, bool ASYM, bool TOPK = false>
 __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const LogitsArgs a, int Mpad, uint64_t desc_hi) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int BV = 128, BM = BN, NT = BN / 8, NS = ws_stages<BITS, BN, ASYM>();
-  using Gg = GemmGeometry<BITS, BV, BM, ASYM, NS>;
+  constexpr int BV = 128, BM = BN, NT = BN / 8, NS = ws_stages<BITS, BN, ASYM>(), C = ws_c<BITS>();
+  using Gg = WsGeometry<BITS, BN, ASYM, NS>;
   constexpr int SPS = Gg::SPS, KBST = Gg::KBST, P = Gg::P, STAGE = ws_stage_bytes<BITS, BN, ASYM>();
   constexpr int GPS = GS > 0 ? SPS / GS : 1;
   static_assert(NS >= 2 && Gg::X_BYTES % (128 * 16) == 0 && KBST % 4 == 0 && Gg::W_BYTES % 1024 == 0,
@@ -2015,7 +2024,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
     for (int i = tid; i < 8 * BN * 8; i += kWsThreads) sum_s[i / (BN * 8)][i % (BN * 8)] = 0.0f;
   }
   __syncthreads();
-  GemmCursor<BITS, BV, BM, GS> cur;
+  GemmCursor<BITS, BV, BM, GS, C> cur;
   if (!cur.init(a, Mpad)) return;
 
   if (tid < 128) {  // producer warpgroup: thread tid copies code row tid of each stage
@@ -2049,7 +2058,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_wgmma_ws_kernel(const Lo
       const uint32_t st = smem0 + slot * STAGE;
 #pragma unroll
       for (int sp = 0; sp < SPS; ++sp) cp_async16(st + tid * P + sp * 16, wp + sp * 16, wn);
-      wp += kGemmC;
+      wp += C;
       if (tid == 0) {  // the stage's activations: one block, laid out already, in one bulk copy
         mbar_arrive_expect_tx(full0 + slot * 8, Gg::X_BYTES);
         bulk_copy_g2s(st + Gg::W_BYTES, xp, Gg::X_BYTES, full0 + slot * 8);
@@ -2285,7 +2294,7 @@ void launch_wgmma_ws_cfg(const LogitsArgs& a, cudaStream_t s, int64_t grid = 0) 
   const int Mpad = (a.M + BN - 1) / BN * BN;
   const int64_t nunits = int64_t(a.H / 16) * Mpad * 2;
   if (!(a.x_frag_ready && BN == 128)) {
-    permute_x_wg_kernel<BITS, T, GemmGeometry<BITS, BV, BN, ASYM>::KBST><<<static_cast<unsigned>((nunits + 255) / 256), 256, 0, s>>>(
+    permute_x_wg_kernel<BITS, T, WsGeometry<BITS, BN, ASYM>::KBST><<<static_cast<unsigned>((nunits + 255) / 256), 256, 0, s>>>(
         static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, Mpad, BN, a.H);
     QHEAD_CUDA_CHECK_LAUNCH("permute_x_wg_kernel");
   }
@@ -2313,14 +2322,15 @@ inline bool topk_lists_apply(int M) { return M >= gemm_min_m() && M >= wgmma_min
 // Calls go(std::integral_constant<int, GS>()) for the GEMMs' group layout of
 // this shape (GS: 16-byte segments per group; 0: groups of whole stages, with
 // a.st_spg set) and returns true, or false when the GEMMs do not take it.
-template <int BITS, class Go>
+// C: the kernel's code bytes per row per stage (ws_c for the warp-specialized one).
+template <int BITS, int C = kGemmC, class Go>
 bool gemm_group_layout(LogitsArgs& a, Go&& go) {
   const int64_t row_bytes = int64_t(a.H) * BITS / 8;
-  if (row_bytes % kGemmC != 0) return false;
+  if (row_bytes % C != 0) return false;
   const int gbytes = a.group * BITS / 8;
   if (gbytes % 16 != 0) return false;
   const int segs = gbytes / 16;
-  constexpr int SPS = kGemmC / 16;
+  constexpr int SPS = C / 16;
   if constexpr (BITS == 4) {
     if (segs == 1) return go(std::integral_constant<int, 1>()), true;
   }
@@ -2336,18 +2346,23 @@ bool launch_gemm(LogitsArgs& a, cudaStream_t s) {
   if (a.M < gemm_min_m()) return false;
   const bool asym = a.zp != nullptr;
   const bool wg = a.M >= wgmma_min_m();
+  // 128 rows × 64 columns (two CTAs per SM) up to M = 64, 128 × 128 above. Measured
+  // slower on the H200 (docs/performance.md): 256-row tiles (two per warpgroup) at M = 64
+  // and 256, and 64-column tiles at M = 256.
+  if (wg && a.M >= wgmma_ws_min_m()) {  // v14, with its own stage depth (ws_c); else v11 below
+    auto go_ws = [&](auto gs) {
+      constexpr int GS = decltype(gs)::value;
+      if (a.M <= 64)
+        return asym ? launch_wgmma_ws_cfg<BITS, T, 64, GS, true>(a, s) : launch_wgmma_ws_cfg<BITS, T, 64, GS, false>(a, s);
+      return asym ? launch_wgmma_ws_cfg<BITS, T, 128, GS, true>(a, s) : launch_wgmma_ws_cfg<BITS, T, 128, GS, false>(a, s);
+    };
+    if (gemm_group_layout<BITS, ws_c<BITS>()>(a, go_ws)) return true;
+  }
   auto go = [&](auto gs) {
     constexpr int GS = decltype(gs)::value;
     if (wg) {
-      // 128 rows × 64 columns (two CTAs per SM) up to M = 64, 128 × 128 above. Measured
-      // slower on the H200 (docs/performance.md): 256-row tiles (two per warpgroup) at M = 64
-      // and 256, and 64-column tiles at M = 256.
-      const bool ws = a.M >= wgmma_ws_min_m();
-      if (a.M <= 64) {
-        if (ws) return asym ? launch_wgmma_ws_cfg<BITS, T, 64, GS, true>(a, s) : launch_wgmma_ws_cfg<BITS, T, 64, GS, false>(a, s);
+      if (a.M <= 64)
         return asym ? launch_wgmma_cfg<BITS, T, 64, GS, true>(a, s) : launch_wgmma_cfg<BITS, T, 64, GS, false>(a, s);
-      }
-      if (ws) return asym ? launch_wgmma_ws_cfg<BITS, T, 128, GS, true>(a, s) : launch_wgmma_ws_cfg<BITS, T, 128, GS, false>(a, s);
       return asym ? launch_wgmma_cfg<BITS, T, 128, GS, true>(a, s) : launch_wgmma_cfg<BITS, T, 128, GS, false>(a, s);
     }
     if (a.M <= 32) return asym ? launch_gemm_cfg<BITS, T, 4, GS, true>(a, s) : launch_gemm_cfg<BITS, T, 4, GS, false>(a, s);
@@ -2382,7 +2397,7 @@ int launch_gemm_topk_lists(LogitsArgs& a, cudaStream_t s, TopkWorkspaceFn ws) {
     if (asym) launch_wgmma_ws_cfg<BITS, T, BN, GS, true, true>(a, s, C * nmt);
     else launch_wgmma_ws_cfg<BITS, T, BN, GS, false, true>(a, s, C * nmt);
   };
-  return gemm_group_layout<BITS>(a, go) ? int(nseg) : 0;
+  return gemm_group_layout<BITS, ws_c<BITS>()>(a, go) ? int(nseg) : 0;
 }
 
 // Bytes per lane per chunk for a group of `group` h: the quad's 4·L bytes
@@ -2627,7 +2642,7 @@ bool launch_logits(const LogitsArgs& a, cudaStream_t s) {
   if (a.tile_stride != 1) {
     if (!device_has_wgmma()) return false;
     LogitsArgs b = a;
-    return gemm_group_layout<BITS>(b, [&](auto gs) {
+    return gemm_group_layout<BITS, ws_c<BITS>()>(b, [&](auto gs) {
       constexpr int GS = decltype(gs)::value;
       if (b.zp) launch_wgmma_ws_cfg<BITS, T, 128, GS, true>(b, s);
       else launch_wgmma_ws_cfg<BITS, T, 128, GS, false>(b, s);
