@@ -119,6 +119,7 @@ nlohmann::json bench_row_json(const bench::BenchRow& r) {
                       {"path", r.path},     {"us_median", r.us_median}, {"gbps", r.gbps},
                       {"bw_fraction", r.bw_fraction}, {"speedup_vs_dense", r.speedup_vs_dense}};
   if (r.read_ceiling_fraction) j["read_ceiling_fraction"] = *r.read_ceiling_fraction;
+  if (r.host_us) j["host_us"] = *r.host_us;
   if (r.matrix_fraction) j["matrix_fraction"] = *r.matrix_fraction;
   if (r.max_abs_err) j["max_abs_err"] = *r.max_abs_err;
   if (r.max_abs_logit) j["max_abs_logit"] = *r.max_abs_logit;

@@ -58,6 +58,9 @@ struct BenchRow {
   // |logit difference| and the largest |logit| of the exact path.
   std::optional<double> max_abs_err;
   std::optional<double> max_abs_logit;
+  // CUDA: the median µs the call took on the CPU (what the event timing includes before its
+  // first kernel starts: argument checks, dispatch, launches).
+  std::optional<double> host_us;
   std::string note;               // cache residency, copies rotated, caveats
 };
 
