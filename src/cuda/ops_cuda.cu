@@ -228,13 +228,9 @@ __device__ void bitonic_sort(float* v, int* id, int n) {
   }
 }
 
-// Block-wide sort of p[0, n) descending (n a power of two ≤ kSelPool).
+// Block-wide bitonic sort of p[0, n) descending (n a power of two ≤ kSelPool;
+// pools of at most blockDim.x entries take block_rank_sort_desc).
 __device__ void block_sort_desc(uint64_t* p, int n) {
-  if (n <= 128) {  // one warp in registers, no block barriers
-    if (threadIdx.x < 32) warp_sort_desc(p, n);
-    __syncthreads();
-    return;
-  }
   for (int size = 2; size <= n; size <<= 1)
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
       for (int i = threadIdx.x; i < (n >> 1); i += blockDim.x) {
@@ -244,6 +240,27 @@ __device__ void block_sort_desc(uint64_t* p, int n) {
       }
       __syncthreads();
     }
+}
+
+// Sorts p[0, n) descending in place, n <= blockDim.x, the entries distinct
+// (an entry carries its id; a row's ids are distinct): thread i ranks p[i] by
+// counting the larger entries — the same address for the whole block at each
+// step, a broadcast — and stores it at its rank. Two barriers, every thread
+// busy; the warp's bitonic network it replaces (n <= 128) ran in warp 0 alone
+// while the block waited (docs/performance.md, session 11: a first-level
+// block 8.0 -> 6.9 us on the H200, with the final level's sizing below).
+__device__ void block_rank_sort_desc(uint64_t* p, int n) {
+  const int i = threadIdx.x;
+  uint64_t e = 0;
+  int r = 0;
+  if (i < n) {
+    e = p[i];
+#pragma unroll 8
+    for (int j = 0; j < n; ++j) r += p[j] > e ? 1 : 0;
+  }
+  __syncthreads();
+  if (i < n) p[r] = e;
+  __syncthreads();
 }
 
 struct SelectSmem {
@@ -361,11 +378,15 @@ __device__ __forceinline__ void block_select(ForEach&& for_each, uint64_t my_max
     for (int shift = 56; shift >= 0; shift -= 8) radix_pass(for_each, shift, tau, need, sm);
     c = gather(for_each, tau, sm);
   }
-  int n2 = 1;
-  while (n2 < int(c)) n2 <<= 1;
-  for (int i = int(c) + threadIdx.x; i < n2; i += blockDim.x) sm.pool[i] = 0;
-  __syncthreads();
-  block_sort_desc(sm.pool, n2);
+  if (c <= blockDim.x) {
+    block_rank_sort_desc(sm.pool, int(c));
+  } else {
+    int n2 = 1;
+    while (n2 < int(c)) n2 <<= 1;
+    for (int i = int(c) + threadIdx.x; i < n2; i += blockDim.x) sm.pool[i] = 0;
+    __syncthreads();
+    block_sort_desc(sm.pool, n2);
+  }
   for (int j = threadIdx.x; j < k; j += blockDim.x) emit(j, j < int(c) ? sm.pool[j] : 0ull);
   __syncthreads();
 }
@@ -912,7 +933,14 @@ void merge_topk(const uint64_t* cand, const float2* part, int P0, int64_t M, int
   a.lse = lse;
   a.part_in = part;
   a.P0 = P0;
-  launch_select<uint64_t>(dim3(1u, unsigned(M)), a, s);
+  // The final block's items per thread sized to its entries: every pass of a block runs over all
+  // its slots (empty ones too), so 3750 entries (M = 1 on a 152k vocab: 75 slices × 50) in 8192
+  // slots made each pass twice as long as needed (final block 9.0 -> 7.1 us on the H200 with
+  // the rank sort); 25 fits the 6400 of a 262144 vocab.
+  const dim3 one(1u, unsigned(M));
+  if (n <= kSelThreads * 16) launch_select<uint64_t, 16>(one, a, s);
+  else if (n <= kSelThreads * 25) launch_select<uint64_t, 25>(one, a, s);
+  else launch_select<uint64_t>(one, a, s);
 }
 
 // The threshold sample of the list top-k: kListSampleTiles whole 128-row tiles
