@@ -120,6 +120,7 @@ nlohmann::json bench_row_json(const bench::BenchRow& r) {
                       {"bw_fraction", r.bw_fraction}, {"speedup_vs_dense", r.speedup_vs_dense}};
   if (r.read_ceiling_fraction) j["read_ceiling_fraction"] = *r.read_ceiling_fraction;
   if (r.host_us) j["host_us"] = *r.host_us;
+  if (!r.act.empty()) j["act"] = r.act;
   if (r.matrix_fraction) j["matrix_fraction"] = *r.matrix_fraction;
   if (r.max_abs_err) j["max_abs_err"] = *r.max_abs_err;
   if (r.max_abs_logit) j["max_abs_logit"] = *r.max_abs_logit;
@@ -134,6 +135,10 @@ int run_bench(const BenchArgs& a) {
   cfg.k = a.k;
   cfg.reps = a.reps;
   cfg.json = a.json;
+  if (!a.act.empty()) {
+    if (a.device != "cuda") bad("--act is for --device cuda (the CPU bench takes f32 activations)");
+    cfg.act = a.act;
+  }
   if (!a.m.empty()) {
     cfg.m.clear();
     for (const auto& s : split(a.m, ',')) cfg.m.push_back(parse_positive(s, "--m"));

@@ -121,6 +121,7 @@ int run_bench_tp(const BenchArgs& a) {
   const char* where = "bench";
   if (a.device != "cuda") bad(where, "--tp needs --device cuda");
   if (a.tp < 1) bad(where, "--tp must be >= 1");
+  if (!a.act.empty() && a.act != "f16") bad(where, "--tp runs f16 activations and scales; --act " + a.act + " is for the one-GPU bench");
   if (!dist::nccl_available())
     throw Error(ErrorCode::kUnsupported, where, "--tp needs a build with NCCL (QHEAD_NCCL=ON)");
   if (a.tp > 1 && !dist::Comm::in_launched_process()) return report(dist::launch(a.tp, self_argv()));

@@ -69,6 +69,7 @@ struct BenchArgs {
   int reps = 0;                      // 0: auto
   bool json = false;
   int tp = 0;                        // > 0: the vocab-parallel head over this many GPUs (cmd_tp.cc)
+  std::string act;                   // CUDA: f16 (default) | bf16
 };
 int run_bench(const BenchArgs& a);
 // qhead bench --device cuda --tp N: starts N ranks (tp-run) unless inside one; rank 0 prints.

@@ -66,6 +66,9 @@ int main(int argc, char** argv) {
   bench->add_option("--k", ba.k, "top-k of the fused_topk path (default 50)")->check(CLI::PositiveNumber);
   bench->add_option("--reps", ba.reps, "timed calls per path (default: auto, >= 5, about 1 s)")
       ->check(CLI::NonNegativeNumber);
+  bench->add_option("--act", ba.act,
+                    "CUDA: activation dtype, also the scales' and the dense baseline's: f16 (default) | bf16")
+      ->check(CLI::IsMember({"f16", "bf16"}));
   bench->add_flag("--json", ba.json, "a JSON array, one object per (shape, scheme, m, path)");
   bench->add_option("--tp", ba.tp,
                     "CUDA: shard the table by vocab rows over N GPUs (one process each, NCCL) and time the sharded "

@@ -31,6 +31,7 @@ struct BenchConfig {
   int64_t k = 50;                          // top-k
   bool json = false;                       // output format (the CLI's business)
   int reps = 0;                            // timed calls per path; 0: auto (>= 5, about 1 s)
+  std::string act = "f16";                 // CUDA: activations, scales and the dense baseline, f16 | bf16
 };
 
 // The default cases: 151936x1024 (w4g64, w8g128), 50304x512 (w4g64),
@@ -61,6 +62,7 @@ struct BenchRow {
   // CUDA: the median µs the call took on the CPU (what the event timing includes before its
   // first kernel starts: argument checks, dispatch, launches).
   std::optional<double> host_us;
+  std::string act;  // CUDA: the activation dtype of the row ("f16", "bf16"); "" for the CPU's f32
   std::string note;               // cache residency, copies rotated, caveats
 };
 

@@ -7,7 +7,9 @@
 //           GEMV): the fastest of a grid-stride, a contiguous-chunk and a
 //           64 KiB-tile reader
 //   matrix  cuBLAS dense f16 GEMM rate on a large square product
-// Paths: dense (cuBLAS f16 GEMM on the unquantized f16 table), fallback
+// Activations, scales and the dense table are f16, or bf16 with --act bf16
+// (BenchConfig::act; the matrix ceiling stays f16, the same rate on Hopper).
+// Paths: dense (cuBLAS GEMM on the unquantized f16/bf16 table), fallback
 // (dequantize + cuBLAS), fused (our kernel), fused_v7 (M <= 16: the
 // register-ring kernel the staged one replaces), fused_gemv / fused_mma /
 // fused_wgmma (M >= 9: each fused kernel family forced, logits.cuh's
@@ -145,12 +147,22 @@ double median_us(F&& fn, int reps, int warmup = 3) {
   return t[t.size() / 2];
 }
 
-// out[M, V] = x[M, H] · W[V, H]ᵀ in f16 → f32: the same cuBLAS call as the fallback.
-void dense_gemm(const __half* w, const __half* x, float* out, int V, int H, int M) {
-  gemm_xwt(w, CUDA_R_16F, x, CUDA_R_16F, out, V, H, M, V);
+// out[M, V] = x[M, H] · W[V, H]ᵀ in f16 or bf16 (bf16: true) → f32: the same cuBLAS call as the fallback.
+void dense_gemm(const void* w, const void* x, bool bf16, float* out, int V, int H, int M) {
+  const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+  gemm_xwt(w, t, x, t, out, V, H, M, V);
 }
 
 int grid_for(int64_t n) { return int(std::min<int64_t>((n + 255) / 256, int64_t(sm_count()) * 16)); }
+
+// n random values in [-1, 1)·amp of dtype t (f16 or bf16) at p.
+void fill_act(void* p, DType t, int64_t n, uint64_t seed, float amp, cudaStream_t s) {
+  if (t == DType::kBF16)
+    fill_random_values<__nv_bfloat16><<<grid_for(n), 256, 0, s>>>(static_cast<__nv_bfloat16*>(p), n, seed, amp);
+  else
+    fill_random_values<__half><<<grid_for(n), 256, 0, s>>>(static_cast<__half*>(p), n, seed, amp);
+}
+
 
 }  // namespace
 
@@ -159,6 +171,10 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
   cudaStream_t s = current_stream();
   std::vector<BenchRow> rows;
   const int reps = cfg.reps > 0 ? cfg.reps : 30;
+  if (cfg.act != "f16" && cfg.act != "bf16")
+    throw Error(ErrorCode::kInvalidArgument, "bench", "--act must be f16 or bf16, got '" + cfg.act + "'");
+  const bool bf16 = cfg.act == "bf16";
+  const DType act = bf16 ? DType::kBF16 : DType::kF16;
   cudaDeviceProp prop;
   QHEAD_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const double l2 = double(prop.l2CacheSize);
@@ -184,7 +200,7 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
     fill_random_values<__half><<<grid_for(int64_t(n) * n), 256, 0, s>>>(a.ptr<__half>(), int64_t(n) * n, 1, 1.0f);
     fill_random_values<__half><<<grid_for(int64_t(n) * n), 256, 0, s>>>(b.ptr<__half>(), int64_t(n) * n, 2, 1.0f);
     QHEAD_CUDA_CHECK_LAUNCH("fill_random_values");
-    const double us = median_us([&](int) { dense_gemm(a.ptr<__half>(), b.ptr<__half>(), c.ptr<float>(), n, n, n); }, 10);
+    const double us = median_us([&](int) { dense_gemm(a.data(), b.data(), false, c.ptr<float>(), n, n, n); }, 10);
     matrix_tflops = 2.0 * double(n) * n * n / (us * 1e6);
     BenchRow r;
     r.path = "ceiling_matrix";
@@ -195,7 +211,7 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
   }
 
   for (const BenchCase& bc : cfg.cases) {
-    const QuantScheme scheme = QuantScheme::parse(bc.scheme, DType::kF16);
+    const QuantScheme scheme = QuantScheme::parse(bc.scheme, act);
     const int64_t V = bc.vocab, H = bc.hidden;
     scheme.check_hidden(H, "bench", bc.scheme);
     const std::string shape = std::to_string(V) + "x" + std::to_string(H);
@@ -212,9 +228,9 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
       p.vocab = V;
       p.hidden = H;
       p.packed = cuda::empty(DType::kI32, {V, words});
-      p.scale = cuda::empty(DType::kF16, {V, G});
+      p.scale = cuda::empty(act, {V, G});
       fill_random_words<<<grid_for(V * words), 256, 0, s>>>(p.packed.ptr<uint32_t>(), V * words, 100 + c);
-      fill_random_values<__half><<<grid_for(V * G), 256, 0, s>>>(p.scale.ptr<__half>(), V * G, 200 + c, 0.01f);
+      fill_act(p.scale.data(), act, V * G, 200 + c, 0.01f, s);
       if (!scheme.symmetric) {
         p.zero_point = cuda::empty(DType::kI32, {(V * scheme.bits + 31) / 32, G});
         fill_random_words<<<grid_for(p.zero_point.numel()), 256, 0, s>>>(p.zero_point.ptr<uint32_t>(), p.zero_point.numel(), 300 + c);
@@ -224,8 +240,8 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
     }
     std::vector<Tensor> dense;
     for (int c = 0; c < dense_copies; ++c) {
-      dense.push_back(cuda::empty(DType::kF16, {V, H}));
-      fill_random_values<__half><<<grid_for(V * H), 256, 0, s>>>(dense.back().ptr<__half>(), V * H, 400 + c, 0.05f);
+      dense.push_back(cuda::empty(act, {V, H}));
+      fill_act(dense.back().data(), act, V * H, 400 + c, 0.05f, s);
     }
     // The read ceiling over exactly the table's bytes (its largest part: the packed codes + scales).
     Tensor sink_t = cuda::empty(DType::kU32, {1});
@@ -259,8 +275,8 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
     }
 
     for (int64_t M : cfg.m) {
-      Tensor x = cuda::empty(DType::kF16, {M, H});
-      fill_random_values<__half><<<grid_for(M * H), 256, 0, s>>>(x.ptr<__half>(), M * H, 500 + M, 1.0f);
+      Tensor x = cuda::empty(act, {M, H});
+      fill_act(x.data(), act, M * H, 500 + M, 1.0f, s);
       Tensor out = cuda::empty(DType::kF32, {M, V});
       const int64_t k = std::min<int64_t>(cfg.k, V);
       Tensor tv = cuda::empty(DType::kF32, {M, k}), ti = cuda::empty(DType::kI32, {M, k}), tl = cuda::empty(DType::kF32, {M});
@@ -278,17 +294,19 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
         r.read_ceiling_fraction = read_us / us;
         r.matrix_fraction = flops / (us * 1e6) / matrix_tflops;
         r.host_us = g_last_host_us;  // every add() follows the median_us of its path
+        r.act = cfg.act;
         r.note = note;
         rows.push_back(r);
       };
       const double dense_us = median_us([&](int i) {
-        dense_gemm(dense[size_t(i) % dense.size()].ptr<__half>(), x.ptr<__half>(), out.ptr<float>(), int(V), int(H), int(M));
+        dense_gemm(dense[size_t(i) % dense.size()].data(), x.data(), bf16, out.ptr<float>(), int(V), int(H), int(M));
       }, reps);
-      add("dense", dense_us, double(dense_bytes), dense_us, "cuBLAS f16 GEMM on the unquantized f16 table");
+      add("dense", dense_us, double(dense_bytes), dense_us,
+          "cuBLAS " + cfg.act + " GEMM on the unquantized " + cfg.act + " table");
       const double fb_us = median_us([&](int i) {
         logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFallbackBlas);
       }, std::min(reps, 10));
-      add("fallback", fb_us, double(table_bytes), dense_us, "dequantize to f16 + cuBLAS");
+      add("fallback", fb_us, double(table_bytes), dense_us, "dequantize to " + cfg.act + " + cuBLAS");
       const double fused_us = median_us([&](int i) {
         logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);
       }, reps);

@@ -165,9 +165,11 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t w, int j, int p, uint3
     const uint32_t v = __byte_perm(w, 0x64646464u, p == 0 ? 0x4240u : 0x4341u);  // (1024 + c0, 1024 + c2)
     return sub2<T>(v, bias);
   } else {
-    // 8-bit, bf16: f32 magic 2^23 + c minus zoff = 2^23 + 128 + z: exact, then exact narrowing.
-    const float lo = __uint_as_float(0x4B000000u | ((w >> (8 * p)) & 0xFFu)) - zoff;
-    const float hi = __uint_as_float(0x4B000000u | ((w >> (8 * p + 16)) & 0xFFu)) - zoff;
+    // 8-bit, bf16 (7 mantissa bits: no bf16 magic holds a byte): f32 magic 2^23 + c, the byte
+    // placed by one PRMT (0x4B0000cc; was a shift and a LOP3 per value), minus zoff = 2^23 + 128 +
+    // z: exact, then one exact narrowing of the pair (|c − 128 − z| ≤ 255 needs 8 bits).
+    const float lo = __uint_as_float(__byte_perm(w, 0x4B000000u, p == 0 ? 0x7650u : 0x7651u)) - zoff;
+    const float hi = __uint_as_float(__byte_perm(w, 0x4B000000u, p == 0 ? 0x7652u : 0x7653u)) - zoff;
     return pack2<T>(lo, hi);
   }
 }
