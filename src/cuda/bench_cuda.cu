@@ -147,10 +147,10 @@ double median_us(F&& fn, int reps, int warmup = 3) {
   return t[t.size() / 2];
 }
 
-// out[M, V] = x[M, H] · W[V, H]ᵀ in f16 or bf16 (bf16: true) → f32: the same cuBLAS call as the fallback.
-void dense_gemm(const void* w, const void* x, bool bf16, float* out, int V, int H, int M) {
-  const cudaDataType_t t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
-  gemm_xwt(w, t, x, t, out, V, H, M, V);
+// out[M, V] = x[M, H] · W[V, H]ᵀ, w and x of dtype t (f16 or bf16) → f32: the same cuBLAS call as the fallback.
+void dense_gemm(const void* w, const void* x, DType t, float* out, int V, int H, int M) {
+  const cudaDataType_t ct = t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+  gemm_xwt(w, ct, x, ct, out, V, H, M, V);
 }
 
 int grid_for(int64_t n) { return int(std::min<int64_t>((n + 255) / 256, int64_t(sm_count()) * 16)); }
@@ -163,7 +163,6 @@ void fill_act(void* p, DType t, int64_t n, uint64_t seed, float amp, cudaStream_
     fill_random_values<__half><<<grid_for(n), 256, 0, s>>>(static_cast<__half*>(p), n, seed, amp);
 }
 
-
 }  // namespace
 
 std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
@@ -173,8 +172,7 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
   const int reps = cfg.reps > 0 ? cfg.reps : 30;
   if (cfg.act != "f16" && cfg.act != "bf16")
     throw Error(ErrorCode::kInvalidArgument, "bench", "--act must be f16 or bf16, got '" + cfg.act + "'");
-  const bool bf16 = cfg.act == "bf16";
-  const DType act = bf16 ? DType::kBF16 : DType::kF16;
+  const DType act = cfg.act == "bf16" ? DType::kBF16 : DType::kF16;
   cudaDeviceProp prop;
   QHEAD_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   const double l2 = double(prop.l2CacheSize);
@@ -200,7 +198,7 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
     fill_random_values<__half><<<grid_for(int64_t(n) * n), 256, 0, s>>>(a.ptr<__half>(), int64_t(n) * n, 1, 1.0f);
     fill_random_values<__half><<<grid_for(int64_t(n) * n), 256, 0, s>>>(b.ptr<__half>(), int64_t(n) * n, 2, 1.0f);
     QHEAD_CUDA_CHECK_LAUNCH("fill_random_values");
-    const double us = median_us([&](int) { dense_gemm(a.data(), b.data(), false, c.ptr<float>(), n, n, n); }, 10);
+    const double us = median_us([&](int) { dense_gemm(a.data(), b.data(), DType::kF16, c.ptr<float>(), n, n, n); }, 10);
     matrix_tflops = 2.0 * double(n) * n * n / (us * 1e6);
     BenchRow r;
     r.path = "ceiling_matrix";
@@ -299,7 +297,7 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
         rows.push_back(r);
       };
       const double dense_us = median_us([&](int i) {
-        dense_gemm(dense[size_t(i) % dense.size()].data(), x.data(), bf16, out.ptr<float>(), int(V), int(H), int(M));
+        dense_gemm(dense[size_t(i) % dense.size()].data(), x.data(), act, out.ptr<float>(), int(V), int(H), int(M));
       }, reps);
       add("dense", dense_us, double(dense_bytes), dense_us,
           "cuBLAS " + cfg.act + " GEMM on the unquantized " + cfg.act + " table");

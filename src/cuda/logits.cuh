@@ -1914,8 +1914,7 @@ __host__ __device__ __forceinline__ float list_margin(float v) { return v - (fab
 // it needs it (loading a stored (threshold, product) pair for the thread's
 // 32 columns made the TOPK kernels spill 108–156 bytes). Columns >= M have
 // +inf, rows >= V take no part. Two phases, so that the common work has no
-// branch
-// between columns and its latencies overlap:
+// branch between columns and its latencies overlap:
 //  1. every column: exp(min(l − thr, 0)) added to sum[col · 8 + g] (one slot
 //     per lane row: no shuffles; 32 running sums per thread would take
 //     registers the consumer does not have) — a logit >= thr adds exactly 1,
