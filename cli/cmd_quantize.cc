@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -90,6 +91,12 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
     notes.push_back("the roles have different schemes (two config groups): compressed-tensors' own load path reads "
                     "them, but transformers 5.24's from_pretrained decompresses every module with the first group's "
                     "scheme and may fail or load wrong values (scripts/verify_ct_model.py)");
+  nlohmann::json skipped = nlohmann::json::array();
+  for (const auto& [f, why] : r.skipped_files) {
+    skipped.push_back({{"file", f}, {"reason", why}});
+    notes.push_back(f + " was not copied: it is " + why);
+  }
+  for (const auto& c : r.cleaned) notes.push_back("removed a killed run's temporary " + c);
   return {{"input", r.input_dir},
           {"output", r.output_dir},
           {"architecture", r.architecture},
@@ -99,6 +106,8 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
           {"roles", {{"embedding", role_json(r.embedding)}, {"head", role_json(r.head)}}},
           {"rewritten_files", r.rewritten_files},
           {"copied_files", r.copied_files},
+          {"skipped_files", skipped},
+          {"cleaned", r.cleaned},
           {"tensors_checked", r.tensors_checked},
           {"verified", r.verified},
           {"seconds", r.seconds},
@@ -141,10 +150,20 @@ nlohmann::json quantize_file(const QuantizeArgs& a) {
   for (const auto& [k, v] : in.metadata()) out.set_metadata(k, v);
   Tensor shape_store;
   add_packed(out, prefix, q, shape_store);
-  out.write(a.output, {a.input});
-
-  const SafetensorsFile check = SafetensorsFile::open(a.output);  // re-read and validate what we wrote
-  const Table back = load_packed(check, prefix);
+  // The written file is re-read and checked before it is renamed to OUT: a
+  // failed check leaves OUT as it was.
+  size_t packed_bytes = 0;
+  out.write(a.output, {a.input}, [&](const std::string& written) {
+    const SafetensorsFile check = SafetensorsFile::open(written);
+    const Table back = load_packed(check, prefix);
+    const PackedTable& p = back.packed();
+    auto same = [](const Tensor& x, const Tensor& y) {
+      return x.dtype() == y.dtype() && x.shape() == y.shape() && std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
+    };
+    if (!same(p.packed, q.packed) || !same(p.scale, q.scale) || (!scheme.symmetric && !same(p.zero_point, q.zero_point)))
+      throw Error(ErrorCode::kInternal, "quantize", a.output + ": the written file does not read back as written");
+    packed_bytes = back.nbytes();
+  });
   return {{"input", a.input},
           {"tensor", a.tensor},
           {"output", a.output},
@@ -155,7 +174,7 @@ nlohmann::json quantize_file(const QuantizeArgs& a) {
           {"vocab", q.vocab},
           {"hidden", q.hidden},
           {"dense_bytes", w.nbytes()},
-          {"packed_bytes", back.nbytes()},
+          {"packed_bytes", packed_bytes},
           {"seconds", secs}};
 }
 

@@ -7,6 +7,7 @@
 // a user runs it at the end. (scripts/verify_ct_model.py checks the same
 // outputs against the compressed-tensors library itself.)
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -749,6 +750,196 @@ TEST_F(ModelWrite, CliModelMode) {
   // File mode still needs --tensor and --scheme.
   one_line(run_cli("quantize " + in + "/model.safetensors --scheme w4g64 -o " + path("x.safetensors").string(), scratch),
            "--tensor");
+}
+
+// ---- inputs reached through links, non-regular files, killed runs ---------------------------
+
+// Every regular file under `d` (links followed) by relative path -> content.
+std::map<std::string, std::string> contents(const fs::path& d) {
+  std::map<std::string, std::string> out;
+  for (auto it = fs::recursive_directory_iterator(d); it != fs::recursive_directory_iterator(); ++it)
+    if (fs::is_regular_file(it->status())) out[it->path().lexically_relative(d).generic_string()] = slurp(it->path());
+  return out;
+}
+
+// Hidden temporaries of ours left in `d`.
+std::vector<std::string> leftover_temps(const fs::path& d) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(d))
+    if (e.path().filename().string().find(".qhead-") != std::string::npos) out.push_back(e.path().string());
+  return out;
+}
+
+// The layout of a Hugging Face hub cache: snapshots/<rev>/<file> is a relative
+// link to ../../blobs/<n> (../../../blobs/<n> one directory deeper), one blob
+// per file of `model`. Returns the snapshot directory.
+fs::path make_hf_cache(const fs::path& model, const fs::path& repo) {
+  fs::create_directories(repo / "blobs");
+  const fs::path snap = repo / "snapshots" / "0123abcd";
+  int n = 0;
+  for (auto it = fs::recursive_directory_iterator(model); it != fs::recursive_directory_iterator(); ++it) {
+    const fs::path rel = it->path().lexically_relative(model);
+    if (it->is_directory()) continue;
+    const std::string blob = "blob" + std::to_string(n++);
+    fs::copy_file(it->path(), repo / "blobs" / blob);
+    fs::create_directories((snap / rel).parent_path());
+    std::string up = "../..";
+    for (auto c = rel.begin(); std::next(c) != rel.end(); ++c) up += "/..";
+    fs::create_symlink(fs::path(up) / "blobs" / blob, snap / rel);
+  }
+  return snap;
+}
+
+// The output of a model directory reached through links holds regular files
+// with the same bytes, and loads as written.
+void expect_copied_by_content(const fs::path& out, const std::map<std::string, std::string>& in_files) {
+  ASSERT_TRUE(fs::is_directory(out));
+  for (auto it = fs::recursive_directory_iterator(out); it != fs::recursive_directory_iterator(); ++it)
+    EXPECT_FALSE(fs::is_symlink(it->symlink_status())) << it->path() << " is a link";
+  const auto got = contents(out);
+  for (const char* f : {"tokenizer.json", "extra/notes.txt"}) {
+    ASSERT_TRUE(got.count(f)) << f;
+    EXPECT_EQ(got.at(f), in_files.at(f)) << f;
+  }
+  EXPECT_FALSE(got.count("QHEAD_INCOMPLETE"));
+  EXPECT_TRUE(load_model_tables(out.string()).embedding.is_packed());
+}
+
+TEST_F(ModelWrite, HubCacheLinksAreReadNeverWritten) {
+  for (const bool sharded : {false, true}) {
+    SCOPED_TRACE(sharded ? "sharded" : "single file");
+    const fs::path model = make_dense(sharded ? "dense_sharded" : "dense", {.sharded = sharded});
+    const fs::path repo = path(sharded ? "hub_sharded" : "hub");
+    const fs::path snap = make_hf_cache(model, repo);
+    fs::create_symlink(snap.filename(), snap.parent_path() / "main");  // a link to a sibling directory
+    const auto blobs_before = contents(repo / "blobs");
+    const auto files = contents(snap);
+    ASSERT_GE(blobs_before.size(), 4u);
+    ModelWriteOptions o;
+    o.embedding_scheme = "w4g64";
+    // The output beside the snapshot (its temporary directory too), the
+    // snapshot through the sibling link, and an output elsewhere.
+    const std::vector<std::pair<fs::path, fs::path>> runs = {
+        {snap, snap.parent_path() / "quantized"},
+        {snap.parent_path() / "main", snap.parent_path() / "main-w4g64"},
+        {snap, path(sharded ? "elsewhere_sharded" : "elsewhere")}};
+    for (const auto& [in, out] : runs) {
+      SCOPED_TRACE(in.string() + " -> " + out.string());
+      const ModelWriteReport r = write_quantized_model(in.string(), out.string(), o);
+      EXPECT_TRUE(r.verified);
+      EXPECT_TRUE(r.skipped_files.empty());
+      EXPECT_EQ(contents(repo / "blobs"), blobs_before) << "an input blob changed";
+      expect_copied_by_content(out, files);
+      EXPECT_EQ(leftover_temps(out.parent_path()), std::vector<std::string>());
+    }
+  }
+  // The same through the CLI, as a user runs it.
+  const fs::path repo = path("hub_cli");
+  const fs::path snap = make_hf_cache(make_dense("dense_cli", {.tied = true}), repo);
+  const auto blobs_before = contents(repo / "blobs");
+  const test::CliRun r = test::run_cli("quantize " + snap.string() + " --embedding w8 -o " +
+                                           (snap.parent_path() / "w8").string(), root_);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(contents(repo / "blobs"), blobs_before);
+  expect_copied_by_content(snap.parent_path() / "w8", contents(snap));
+}
+
+TEST_F(ModelWrite, LinksLeavingTheModelAndOddFiles) {
+  const fs::path in = make_dense("in", {});
+  // A link to a file outside the model directory that the user can write.
+  std::ofstream(path("victim.txt")) << "must stay as it is\n";
+  fs::remove(in / "tokenizer.json");
+  fs::create_symlink(path("victim.txt"), in / "tokenizer.json");
+  // Files that cannot be copied: a FIFO (opening it would block), a link to a
+  // character device, a broken link, a link loop, a link to a directory.
+  ASSERT_EQ(::mkfifo((in / "pipe").c_str(), 0644), 0);
+  fs::create_symlink("/dev/zero", in / "zeros.bin");
+  fs::create_symlink(in / "missing.txt", in / "broken.txt");
+  fs::create_symlink(in / "loop.txt", in / "loop.txt");
+  fs::create_directories(path("outside_dir"));
+  std::ofstream(path("outside_dir/x.txt")) << "x";
+  fs::create_symlink(path("outside_dir"), in / "linked_dir");
+  ModelWriteOptions o;
+  o.head_scheme = "w8";
+  const ModelWriteReport r = write_quantized_model(in.string(), path("out").string(), o);
+  EXPECT_EQ(slurp(path("victim.txt")), "must stay as it is\n");
+  EXPECT_EQ(slurp(path("out/tokenizer.json")), "must stay as it is\n");
+  EXPECT_FALSE(fs::is_symlink(fs::symlink_status(path("out/tokenizer.json"))));
+  std::map<std::string, std::string> skipped(r.skipped_files.begin(), r.skipped_files.end());
+  EXPECT_EQ(skipped["pipe"], "a FIFO");
+  EXPECT_EQ(skipped["zeros.bin"], "a link to a character device");
+  EXPECT_EQ(skipped["broken.txt"], "a broken link");
+  EXPECT_EQ(skipped["loop.txt"], "a link that loops");
+  EXPECT_EQ(skipped["linked_dir"], "a link to a directory (not followed)");
+  EXPECT_EQ(skipped.size(), 5u);
+  for (const char* f : {"pipe", "zeros.bin", "broken.txt", "loop.txt", "linked_dir"})
+    EXPECT_FALSE(fs::exists(fs::symlink_status(path("out") / f))) << f;
+  // The CLI says so.
+  const test::CliRun c = test::run_cli("quantize " + in.string() + " --head w8 -o " + path("out2").string(), root_);
+  ASSERT_EQ(c.status, 0) << c.err;
+  EXPECT_NE(c.out.find("pipe was not copied: it is a FIFO"), std::string::npos) << c.out;
+}
+
+TEST_F(ModelWrite, KilledRunsLeaveIncompleteTemporariesThatALaterRunRemoves) {
+  const std::string in = make_dense("in", {});
+  // While the files are copied, the temporary directory is marked and has no
+  // config.json: a run killed at any point before the rename leaves nothing
+  // that looks like a model.
+  ModelWriteOptions o;
+  o.embedding_scheme = "w4g64";
+  const fs::path tmp = path(".out.qhead-tmp-" + std::to_string(::getpid()));
+  int seen = 0;
+  std::ofstream(fs::path(in) / "big.bin").close();
+  fs::resize_file(fs::path(in) / "big.bin", int64_t(64) << 20);  // large enough for copy progress
+  o.progress = [&](const ModelWriteProgress& p) {
+    if (p.stage != ModelWriteProgress::Stage::kCopy) return;
+    ++seen;
+    EXPECT_TRUE(fs::exists(tmp / "QHEAD_INCOMPLETE"));
+    EXPECT_FALSE(fs::exists(tmp / "config.json"));
+  };
+  write_quantized_model(in, path("out").string(), o);
+  EXPECT_GT(seen, 0);
+  EXPECT_FALSE(fs::exists(path("out/QHEAD_INCOMPLETE")));
+  // What runs killed by SIGKILL leave: a temporary, and (killed between the
+  // two renames of --force) the previous output set aside with out missing.
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // a pid that is no longer alive
+  const std::string dead = std::to_string(child);
+  fs::rename(path("out"), path(".out.qhead-old-" + dead));
+  fs::copy(path(".out.qhead-old-" + dead), path(".out.qhead-tmp-" + dead), fs::copy_options::recursive);
+  std::ofstream(path(".out.qhead-tmp-" + dead) / "QHEAD_INCOMPLETE") << "x";
+  // A live process's temporary (pid 1 always exists) is never touched.
+  fs::create_directories(path(".out.qhead-tmp-1"));
+  o.progress = nullptr;
+  o.force = true;
+  const ModelWriteReport r = write_quantized_model(in, path("out").string(), o);
+  EXPECT_EQ(r.cleaned.size(), 2u);
+  EXPECT_FALSE(fs::exists(path(".out.qhead-tmp-" + dead)));
+  EXPECT_FALSE(fs::exists(path(".out.qhead-old-" + dead)));
+  EXPECT_TRUE(fs::exists(path(".out.qhead-tmp-1")));
+  EXPECT_TRUE(load_model_tables(path("out").string()).embedding.is_packed());
+  // Restored, not removed: without --force the restored previous output stays.
+  fs::rename(path("out"), path(".out.qhead-old-" + dead));
+  o.force = false;
+  const std::string msg = expect_error([&] { write_quantized_model(in, path("out").string(), o); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(msg.find("--force"), std::string::npos) << msg;
+  EXPECT_TRUE(fs::exists(path("out/config.json")));
+  EXPECT_FALSE(fs::exists(path(".out.qhead-old-" + dead)));
+}
+
+TEST_F(ModelWrite, ShardNamesAreFileNamesInsideTheDirectory) {
+  const fs::path in = make_dense("in", {.sharded = true});
+  std::ofstream(path("outside.safetensors")) << slurp(in / "model-00003-of-00003.safetensors");
+  json idx = read_json(in / "model.safetensors.index.json");
+  idx["weight_map"]["model.norm.weight"] = "../outside.safetensors";
+  std::ofstream(in / "model.safetensors.index.json") << idx.dump(2);
+  ModelWriteOptions o;
+  o.embedding_scheme = "w4g64";
+  EXPECT_THROW(write_quantized_model(in.string(), path("out").string(), o), Error);
+  EXPECT_FALSE(fs::exists(path("out")));
+  EXPECT_EQ(leftover_temps(root_), std::vector<std::string>());
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -125,7 +127,7 @@ void write_small_valid(const std::string& p) {
 std::vector<std::string> tmp_leftovers(const fs::path& dir) {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().filename().string().find(".tmp.") != std::string::npos)
+    if (e.path().filename().string().find(".qhead-tmp-") != std::string::npos)
       out.push_back(e.path().string());
   return out;
 }
@@ -572,6 +574,70 @@ TEST_F(SafetensorsTest, FuzzHeaderMutationsNeverCrash) {
   EXPECT_EQ(opened + rejected, 300);
   EXPECT_GT(opened, 0);
   EXPECT_GT(rejected, 0);
+}
+
+TEST_F(SafetensorsTest, WriterReplacesOnlyRegularFiles) {
+  SafetensorsWriter w;
+  std::vector<float> x = {1, 2};
+  w.add("x", TensorView(x.data(), DType::kF32, {2}));
+  // A FIFO at the output path (or a link to one, or to a device) is refused
+  // and stays what it is; nothing is opened on it (which would block).
+  const std::string fifo = path("out.fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  expect_error([&] { w.write(fifo); }, ErrorCode::kInvalidArgument, "a FIFO");
+  struct stat st {};
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  fs::create_symlink(fifo, path("to_fifo"));
+  expect_error([&] { w.write(path("to_fifo")); }, ErrorCode::kInvalidArgument, "link to a FIFO");
+  fs::create_symlink("/dev/null", path("to_null"));
+  expect_error([&] { w.write(path("to_null")); }, ErrorCode::kInvalidArgument, "character device");
+  EXPECT_TRUE(tmp_leftovers(dir_).empty());
+}
+
+TEST_F(SafetensorsTest, WriterCheckRunsBeforeTheRename) {
+  const std::string p = path("out.safetensors");
+  write_small_valid(p);
+  const std::string before = [&] {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  SafetensorsWriter w;
+  std::vector<float> x = {1, 2};
+  w.add("x", TensorView(x.data(), DType::kF32, {2}));
+  // A failing check: the output keeps its previous content, no temporary is left.
+  std::string seen;
+  expect_error([&] {
+    w.write(p, {}, [&](const std::string& written) {
+      seen = written;
+      EXPECT_TRUE(SafetensorsFile::open(written).contains("x"));  // complete when checked
+      throw Error(ErrorCode::kInternal, "check", "does not read back");
+    });
+  }, ErrorCode::kInternal, "does not read back");
+  EXPECT_NE(seen, p);
+  {
+    std::ifstream in(p, std::ios::binary);
+    EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), before);
+  }
+  EXPECT_TRUE(tmp_leftovers(dir_).empty());
+  // A passing check: renamed into place.
+  w.write(p, {}, [](const std::string&) {});
+  EXPECT_TRUE(SafetensorsFile::open(p).contains("x"));
+}
+
+TEST_F(SafetensorsTest, WriterRemovesTemporariesOfKilledWriters) {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // no longer alive
+  const std::string dead = path(".out.safetensors.qhead-tmp-" + std::to_string(child));
+  const std::string live = path(".out.safetensors.qhead-tmp-1");  // pid 1 always exists
+  write_small_valid(path("scratch.safetensors"));
+  fs::copy_file(path("scratch.safetensors"), dead);
+  fs::copy_file(path("scratch.safetensors"), live);
+  write_small_valid(path("out.safetensors"));
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
 }
 
 }  // namespace

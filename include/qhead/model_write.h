@@ -14,7 +14,11 @@
 //     (same file names, same safetensors metadata); the index's weight_map is
 //     rewritten with the new names and metadata.total_size recomputed;
 //   - every other file of the directory (tokenizer, generation config, ...)
-//     copied, subdirectories included (symlinks followed);
+//     copied by content, subdirectories included. A symbolic link to a
+//     regular file (a Hugging Face cache snapshot is made of them) becomes a
+//     regular file holding its target's bytes; links to directories, broken
+//     or looping links, FIFOs, sockets and devices are left out and listed in
+//     the report's skipped_files;
 //   - config.json as it was (tie_word_embeddings included) with a
 //     `quantization_config` as compressed-tensors 0.20's
 //     ModelCompressor.update_config writes it: quant_method
@@ -45,9 +49,15 @@
 // compressed-tensors one. Other GPTQ modules are kUnsupported.
 //
 // Writing is atomic: everything goes into a temporary directory beside
-// out_dir, is re-opened with inspect_model / load_model_tables and checked
-// (quantized roles' tensors equal to what was quantized, every other tensor
-// byte-identical to the input), and only then renamed to out_dir. An existing
+// out_dir (`.NAME.qhead-tmp-PID`, holding a QHEAD_INCOMPLETE marker, with
+// config.json written last), is re-opened with inspect_model /
+// load_model_tables and checked (quantized roles' tensors equal to what was
+// quantized, every other tensor byte-identical to the input), and only then
+// renamed to out_dir. Inputs are only ever opened read-only, and every file
+// written is created new (O_EXCL) inside that directory, so no path an input
+// resolves to, through links or otherwise, is ever truncated. Temporaries of
+// killed runs for the same out_dir (their pid no longer alive) are removed
+// first. An existing
 // non-empty out_dir is refused unless `force` (then replaced); out_dir may not
 // be, or lie inside, dir, nor (with force) contain it. GGUF input is
 // kUnsupported (qhead reads GGUF but cannot write its other tensors), as is
@@ -58,6 +68,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "qhead/dtype.h"
@@ -113,6 +124,12 @@ struct ModelWriteReport {
   Role embedding, head;
   std::vector<std::string> rewritten_files;  // safetensors files rewritten (names within out_dir)
   std::vector<std::string> copied_files;     // everything else copied (relative paths)
+  // Entries of dir not copied, with why (relative path, "a FIFO" / "a broken
+  // link" / "a link to a directory (not followed)" / ...).
+  std::vector<std::pair<std::string, std::string>> skipped_files;
+  // Temporaries of killed runs for the same out_dir removed (or, for a previous
+  // output a killed run had set aside while out_dir was missing, restored).
+  std::vector<std::string> cleaned;
   int64_t tensors_checked = 0;  // tensors compared after writing (all of out_dir's)
   bool verified = false;        // out_dir was re-opened and checked
   double seconds = 0.0;         // whole call

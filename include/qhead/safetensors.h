@@ -13,6 +13,7 @@
 // qhead::Error(kInvalidFile) naming the file and the tensor.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -52,8 +53,9 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Collects tensors, then writes them to a temporary file beside `path` and
-// renames it into place, so a reader never sees a half-written file. Refuses
+// Collects tensors, then writes them to a temporary file beside `path`
+// (`.NAME.qhead-tmp-PID`) and renames it into place, so a reader never sees a
+// half-written file. Refuses
 // to write over any file named in `forbid` (the inputs) — compared by inode.
 class SafetensorsWriter {
  public:
@@ -61,7 +63,12 @@ class SafetensorsWriter {
   // the view must stay valid until then. Duplicate names are an error.
   void add(const std::string& name, const TensorView& t);
   void set_metadata(const std::string& key, const std::string& value);
-  void write(const std::string& path, const std::vector<std::string>& forbid = {}) const;
+  // `check`, when given, is called with the temporary file's path once it is
+  // complete and synced, before the rename: if it throws, the temporary is
+  // removed and `path` is left as it was. `path` must be absent, a regular
+  // file, or a link to one (a FIFO, device or directory there is refused).
+  void write(const std::string& path, const std::vector<std::string>& forbid = {},
+             const std::function<void(const std::string& written)>& check = {}) const;
 
  private:
   std::vector<std::pair<std::string, TensorView>> tensors_;

@@ -10,6 +10,12 @@ struct FdGuard {
   explicit FdGuard(int f) : fd(f) {}
   FdGuard(const FdGuard&) = delete;
   FdGuard& operator=(const FdGuard&) = delete;
+  // Gives up ownership (to close it explicitly and check the result).
+  int release() {
+    const int f = fd;
+    fd = -1;
+    return f;
+  }
   ~FdGuard() {
     if (fd >= 0) ::close(fd);
   }

@@ -7,6 +7,8 @@
 #include "qhead/model_write.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +23,8 @@
 #include <set>
 #include <sstream>
 
+#include "io/fd_guard.h"
+#include "io/stale_temp.h"
 #include "qhead/error.h"
 #include "qhead/quantize.h"
 #include "qhead/safetensors.h"
@@ -31,6 +35,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+using io::FdGuard;
 
 constexpr const char* kOp = "quantize model";
 const char* const kPackedParts[] = {".weight_packed", ".weight_scale", ".weight_zero_point", ".weight_shape"};
@@ -66,44 +71,51 @@ bool has_gguf_magic(const fs::path& p) {
   return in.read(m, 4) && std::memcmp(m, "GGUF", 4) == 0;
 }
 
-// Copies `from` to `to` in 8 MiB chunks, calling `tick(done, total)` after each.
+// Copies the content of `from` (a link is followed: its target's bytes are
+// copied, never the link) into a NEW file `to`, in 8 MiB chunks, calling
+// `tick(done, total)` after each. `to` must not exist (O_EXCL, O_NOFOLLOW): an
+// existing file, or a link planted at its name, is never opened for writing,
+// so no input can be truncated whatever the paths resolve to. `from` is
+// opened without blocking (a FIFO would block in open()) and must be a
+// regular file.
 void copy_file_chunked(const fs::path& from, const fs::path& to,
                        const std::function<void(int64_t, int64_t)>& tick) {
-  const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+  const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (in < 0) fail(ErrorCode::kIo, from.string(), "cannot open: " + errno_text(errno));
-  const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (out < 0) {
-    const int e = errno;
-    ::close(in);
-    fail(ErrorCode::kIo, to.string(), "cannot create: " + errno_text(e));
-  }
-  const int64_t total = static_cast<int64_t>(fs::file_size(from));
+  FdGuard in_guard(in);
+  struct stat in_st {};
+  if (::fstat(in, &in_st) != 0) fail(ErrorCode::kIo, from.string(), "cannot stat: " + errno_text(errno));
+  if (!S_ISREG(in_st.st_mode)) fail(ErrorCode::kInvalidFile, from.string(), "is not a regular file");
+  const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (out < 0) fail(ErrorCode::kIo, to.string(), "cannot create: " + errno_text(errno));
+  FdGuard out_guard(out);
+  struct stat out_st {};
+  if (::fstat(out, &out_st) != 0) fail(ErrorCode::kIo, to.string(), "cannot stat: " + errno_text(errno));
+  if (out_st.st_dev == in_st.st_dev && out_st.st_ino == in_st.st_ino)  // cannot happen after O_EXCL; never rely on it
+    fail(ErrorCode::kInternal, to.string(), "is the input " + from.string());
+  const int64_t total = static_cast<int64_t>(in_st.st_size);
   std::vector<char> buf(8u << 20);
   int64_t done = 0;
   for (;;) {
     const ssize_t n = ::read(in, buf.data(), buf.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      const int e = errno;
-      ::close(in), ::close(out);
-      fail(ErrorCode::kIo, from.string(), "read failed: " + errno_text(e));
+      fail(ErrorCode::kIo, from.string(), "read failed: " + errno_text(errno));
     }
     if (n == 0) break;
     for (ssize_t off = 0; off < n;) {
       const ssize_t w = ::write(out, buf.data() + off, static_cast<size_t>(n - off));
       if (w < 0) {
         if (errno == EINTR) continue;
-        const int e = errno;
-        ::close(in), ::close(out);
-        fail(ErrorCode::kIo, to.string(), "write failed: " + errno_text(e));
+        fail(ErrorCode::kIo, to.string(), "write failed: " + errno_text(errno));
       }
       off += w;
     }
     done += n;
     if (tick) tick(done, total);
   }
-  ::close(in);
-  if (::fsync(out) != 0 || ::close(out) != 0) fail(ErrorCode::kIo, to.string(), "fsync/close failed: " + errno_text(errno));
+  if (::fsync(out) != 0) fail(ErrorCode::kIo, to.string(), "fsync failed: " + errno_text(errno));
+  if (::close(out_guard.release()) != 0) fail(ErrorCode::kIo, to.string(), "close failed: " + errno_text(errno));
 }
 
 // ---- the input's safetensors files ----------------------------------------------
@@ -372,6 +384,118 @@ size_t packed_bytes(const PackedTable& p) {
   return p.packed.nbytes() + p.scale.nbytes() + (p.scheme.symmetric ? 0 : p.zero_point.nbytes()) + 2 * sizeof(int64_t);
 }
 
+// ---- temporaries and the files copied as they are ------------------------------------
+
+// Inside the temporary directory until it is renamed into place.
+constexpr const char* kIncompleteMarker = "QHEAD_INCOMPLETE";
+
+// ".NAME.qhead-tmp-" (the output being written) / ".NAME.qhead-old-" (the
+// previous output, moved aside while the new one is renamed in), then a pid.
+std::string temp_prefix(const std::string& out_name, const char* kind) {
+  return "." + out_name + ".qhead-" + kind + "-";
+}
+
+// Removes the temporaries that killed runs for the same output left in
+// `parent` (stale_temp.h: their process is gone). A set-aside previous output
+// goes back to `out` when `out` is missing (the run died between the two
+// renames), else it is removed. Returns what was cleaned, for the report.
+std::vector<std::string> clean_stale_temps(const fs::path& parent, const std::string& out_name, const fs::path& out) {
+  std::vector<std::string> cleaned;
+  std::error_code ec;
+  fs::directory_iterator it(parent, ec);
+  if (ec) return cleaned;  // unreadable: nothing of ours can be there
+  const std::string tmp_prefix = temp_prefix(out_name, "tmp"), old_prefix = temp_prefix(out_name, "old");
+  std::vector<fs::path> tmps, olds;
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    if (ec) break;
+    const std::string name = it->path().filename().string();
+    if (io::stale_temp_pid(name, tmp_prefix)) tmps.push_back(it->path());
+    if (io::stale_temp_pid(name, old_prefix)) olds.push_back(it->path());
+  }
+  for (const fs::path& p : tmps) {
+    fs::remove_all(p, ec);
+    if (ec) fail(ErrorCode::kIo, p.string(), "cannot remove the stale temporary directory of a killed run: " + ec.message());
+    cleaned.push_back(p.string());
+  }
+  for (const fs::path& p : olds) {
+    if (fs::symlink_status(out, ec).type() == fs::file_type::not_found) {
+      fs::rename(p, out, ec);
+      if (ec) fail(ErrorCode::kIo, p.string(), "cannot restore the previous output of a killed run: " + ec.message());
+      cleaned.push_back(p.string() + " (restored to " + out.string() + ")");
+    } else {
+      fs::remove_all(p, ec);
+      if (ec) fail(ErrorCode::kIo, p.string(), "cannot remove the previous output a killed run set aside: " + ec.message());
+      cleaned.push_back(p.string());
+    }
+  }
+  return cleaned;
+}
+
+// What a directory entry is, for a "left out" note.
+std::string kind_of(fs::file_type t) {
+  switch (t) {
+    case fs::file_type::fifo: return "a FIFO";
+    case fs::file_type::socket: return "a socket";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::not_found: return "missing";
+    default: return "not a regular file";
+  }
+}
+
+// Copies every file of `dir` that `skip` does not claim into `to`, under the
+// same relative path (taken lexically from the walk, never by resolving links:
+// a link's resolved path can point anywhere, even back at an input). A
+// symbolic link to a regular file is copied by content, wherever it points (a
+// Hugging Face cache snapshot is made of links into ../../blobs); the output
+// holds a regular file. Links to directories are not followed; they, broken
+// links, links that loop, FIFOs, sockets and devices are left out and listed in
+// `rep.skipped_files` with the reason.
+void copy_other_files(const fs::path& dir, const fs::path& to, const std::function<bool(const std::string&)>& skip,
+                      const ModelWriteOptions& o, ModelWriteReport& rep) {
+  std::error_code ec;
+  fs::recursive_directory_iterator it(dir, fs::directory_options::none, ec);
+  if (ec) fail(ErrorCode::kIo, dir.string(), "cannot list: " + ec.message());
+  for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (ec) fail(ErrorCode::kIo, dir.string(), "cannot list: " + ec.message());
+    const fs::path rel = it->path().lexically_relative(dir);
+    if (rel.empty() || rel.is_absolute() || *rel.begin() == "..")
+      fail(ErrorCode::kInternal, it->path().string(), "is not inside " + dir.string());
+    const std::string rs = rel.generic_string();
+    const fs::file_status ls = it->symlink_status(ec);
+    if (ec) fail(ErrorCode::kIo, it->path().string(), "cannot stat: " + ec.message());
+    if (fs::is_directory(ls)) {
+      fs::create_directory(to / rel, ec);
+      if (ec) fail(ErrorCode::kIo, (to / rel).string(), "cannot create: " + ec.message());
+      continue;
+    }
+    if (skip(rs)) continue;
+    if (fs::is_symlink(ls)) {
+      const fs::file_status ts = fs::status(it->path(), ec);
+      if (ec || !fs::is_regular_file(ts)) {
+        const std::string why = ec ? (ec == std::errc::too_many_symbolic_link_levels ? "a link that loops"
+                                      : ec == std::errc::no_such_file_or_directory ? "a broken link"
+                                                                                   : "a link: " + ec.message())
+                                   : "a link to " + kind_of(ts.type()) + (fs::is_directory(ts) ? " (not followed)" : "");
+        rep.skipped_files.push_back({rs, why});
+        ec.clear();
+        continue;
+      }
+    } else if (!fs::is_regular_file(ls)) {
+      rep.skipped_files.push_back({rs, kind_of(ls.type())});
+      continue;
+    }
+    std::error_code sec;
+    const int64_t size = static_cast<int64_t>(fs::file_size(it->path(), sec));
+    auto tick = [&](int64_t done, int64_t total) {
+      if (o.progress && !sec && size >= (int64_t(64) << 20)) o.progress({ModelWriteProgress::Stage::kCopy, rs, done, total});
+    };
+    copy_file_chunked(it->path(), to / rel, tick);
+    rep.copied_files.push_back(rs);
+  }
+}
+
 }  // namespace
 
 ModelWriteReport write_quantized_model(const std::string& dir_s, const std::string& out_s, const ModelWriteOptions& o) {
@@ -379,8 +503,11 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   const fs::path dir(dir_s), out(out_s);
 
   // ---- input kind -------------------------------------------------------------------
-  if (!fs::exists(dir)) fail(ErrorCode::kIo, dir_s, "does not exist");
-  if (!fs::is_directory(dir)) {
+  std::error_code sec;
+  const fs::file_status dst = fs::status(dir, sec);
+  if (sec == std::errc::too_many_symbolic_link_levels) fail(ErrorCode::kIo, dir_s, "is a link that loops");
+  if (!fs::exists(dst)) fail(ErrorCode::kIo, dir_s, "does not exist");
+  if (!fs::is_directory(dst)) {
     if (dir.extension() == ".gguf" || has_gguf_magic(dir))
       fail(ErrorCode::kUnsupported, dir_s,
            "GGUF is not supported as a quantize input (qhead reads GGUF tables but writes compressed-tensors "
@@ -398,6 +525,9 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   if (cin == cout || is_within(cout, cin))
     fail(ErrorCode::kInvalidArgument, kOp,
          "refusing to write into the input model directory " + dir_s + " (output " + out_s + ")");
+  // Temporaries of killed runs for this output first: a previous output one
+  // of them had set aside goes back to out_dir before out_dir is looked at.
+  const std::vector<std::string> cleaned = clean_stale_temps(cout.parent_path(), cout.filename().string(), out);
   bool out_exists = false;
   if (fs::exists(out)) {
     if (!fs::is_directory(out)) fail(ErrorCode::kInvalidArgument, out_s, "exists and is not a directory");
@@ -546,21 +676,43 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   std::vector<std::unique_ptr<Tensor>> shape_stores;
 
   // ---- write into a temporary directory beside out_dir ------------------------------------
+  // Its name starts with a dot and it holds a QHEAD_INCOMPLETE marker until
+  // the moment it is renamed into place; config.json is the last file written.
+  // Stale temporaries of killed runs for the same output are cleaned first.
   const fs::path parent = cout.parent_path();
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) fail(ErrorCode::kIo, parent.string(), "cannot create: " + ec.message());
+  rep.cleaned = cleaned;
   TempDir tmp;
-  tmp.path = parent / ("." + cout.filename().string() + ".qhead-tmp-" + std::to_string(::getpid()));
-  fs::remove_all(tmp.path, ec);
-  fs::create_directory(tmp.path, ec);
-  if (ec) fail(ErrorCode::kIo, tmp.path.string(), "cannot create: " + ec.message());
+  const fs::path tmp_path = parent / (temp_prefix(cout.filename().string(), "tmp") + std::to_string(::getpid()));
+  if (fs::symlink_status(tmp_path, ec).type() != fs::file_type::not_found) {
+    // Our own pid's name: left by an earlier process of the same id (not alive
+    // now, as we are it). remove_all removes a link itself, never its target.
+    fs::remove_all(tmp_path, ec);
+    if (ec) fail(ErrorCode::kIo, tmp_path.string(), "cannot remove a stale temporary directory: " + ec.message());
+  }
+  if (!fs::create_directory(tmp_path, ec) || ec)
+    fail(ErrorCode::kIo, tmp_path.string(), "cannot create the temporary directory: " + (ec ? ec.message() : "it exists"));
+  tmp.path = tmp_path;
+  {
+    const int fd = ::open((tmp.path / kIncompleteMarker).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) fail(ErrorCode::kIo, (tmp.path / kIncompleteMarker).string(), "cannot create: " + errno_text(errno));
+    FdGuard g(fd);
+    const std::string text = "This directory is an unfinished output of qhead quantize (" + dir_s + " -> " + out_s +
+                             "); it is not a model. A later run for the same output removes it.\n";
+    if (::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+      fail(ErrorCode::kIo, (tmp.path / kIncompleteMarker).string(), "write failed: " + errno_text(errno));
+  }
 
   std::set<std::string> model_files(in.names.begin(), in.names.end());
   std::map<std::string, size_t> out_bytes;  // file -> data bytes (for the index's total_size)
   for (size_t i = 0; i < in.files.size(); ++i) {
     const SafetensorsFile& f = in.files[i];
     const std::string& fname = in.names[i];
+    if (fname.empty() || fs::path(fname).filename().string() != fname || fname == "." || fname == "..")
+      fail(ErrorCode::kInvalidFile, (dir / "model.safetensors.index.json").string(),
+           "weight_map names the shard \"" + fname + "\", which is not a file name inside the model directory");
     bool rewrite = added.count(i) != 0;
     for (const auto& n : f.names())
       if (removed.count(n)) rewrite = true;
@@ -616,7 +768,15 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
     write_json(tmp.path / "model.safetensors.index.json", idx);
   }
 
-  // config.json: as it was, with the quantization_config.
+  // Every other file (tokenizer, generation config, ...), subdirectories
+  // included, by content: see copy_other_files.
+  copy_other_files(dir, tmp.path, [&](const std::string& rs) {
+    return rs == "config.json" || rs == "model.safetensors.index.json" || model_files.count(rs) ||
+           (gptq && rs == "quantize_config.json");  // replaced by the compressed-tensors config
+  }, o, rep);
+
+  // config.json: as it was, with the quantization_config; written last, so
+  // that a run killed before this point leaves no loadable directory.
   {
     std::vector<NewRole> newly;
     std::set<std::string> unassign;
@@ -644,25 +804,6 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
     cfg["quantization_config"] = make_quant_config(existing_qc, newly, unassign, dropped_head, kept_packed,
                                                    others_packed, cfg_path.string());
     write_json(tmp.path / "config.json", cfg);
-  }
-
-  // Every other file (tokenizer, generation config, ...), subdirectories included.
-  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
-    const fs::path rel = fs::relative(it->path(), dir);
-    const std::string rs = rel.string();
-    if (it->is_directory()) {
-      fs::create_directories(tmp.path / rel);
-      continue;
-    }
-    if (!it->is_regular_file()) continue;  // sockets, broken links
-    if (rs == "config.json" || rs == "model.safetensors.index.json" || model_files.count(rs)) continue;
-    if (gptq && rs == "quantize_config.json") continue;  // replaced by the compressed-tensors config
-    const int64_t size = static_cast<int64_t>(it->file_size());
-    auto tick = [&](int64_t done, int64_t total) {
-      if (o.progress && size >= (int64_t(64) << 20)) o.progress({ModelWriteProgress::Stage::kCopy, rs, done, total});
-    };
-    copy_file_chunked(it->path(), tmp.path / rel, tick);
-    rep.copied_files.push_back(rs);
   }
 
   // ---- re-open and check -------------------------------------------------------------------
@@ -747,8 +888,11 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   }
 
   // ---- into place --------------------------------------------------------------------------
-  if (out_exists && !fs::is_empty(out)) {
-    const fs::path old = parent / ("." + cout.filename().string() + ".qhead-old-" + std::to_string(::getpid()));
+  // The marker goes last: from here on the directory is complete and checked.
+  if (::unlink((tmp.path / kIncompleteMarker).c_str()) != 0)
+    fail(ErrorCode::kIo, (tmp.path / kIncompleteMarker).string(), "cannot remove: " + errno_text(errno));
+  if (out_exists && !fs::is_empty(out, ec)) {
+    const fs::path old = parent / (temp_prefix(cout.filename().string(), "old") + std::to_string(::getpid()));
     fs::remove_all(old, ec);
     fs::rename(out, old, ec);
     if (ec) fail(ErrorCode::kIo, out_s, "cannot move the existing directory aside: " + ec.message());

@@ -10,6 +10,7 @@
 
 #include "qhead/safetensors.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -23,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/fd_guard.h"
+#include "io/stale_temp.h"
 #include "qhead/error.h"
 
 namespace qhead {
@@ -47,6 +49,18 @@ constexpr const char* kMetadataKey = "__metadata__";
 }
 
 std::string errno_str(int err) { return std::strerror(err); }
+
+// What a stat mode is, for messages ("a FIFO").
+std::string file_kind(mode_t m) {
+  if (S_ISREG(m)) return "a regular file";
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISLNK(m)) return "a symbolic link";
+  return "not a regular file";
+}
 
 // A JSON value for an error message, cut short so a huge header stays readable.
 std::string short_dump(const nlohmann::json& v) {
@@ -378,8 +392,21 @@ void SafetensorsWriter::set_metadata(const std::string& key, const std::string& 
   metadata_[key] = value;
 }
 
-void SafetensorsWriter::write(const std::string& path,
-                              const std::vector<std::string>& forbid) const {
+void SafetensorsWriter::write(const std::string& path, const std::vector<std::string>& forbid,
+                              const std::function<void(const std::string&)>& check) const {
+  // ---- only a regular file (or nothing) is replaced ----------------------------
+  // rename() would replace a FIFO, a socket or a device node with a regular
+  // file; a link is replaced itself, so its target must be a regular file too.
+  // (A directory there makes the rename fail, after the temporary is written.)
+  struct stat out_lst {};
+  if (::lstat(path.c_str(), &out_lst) == 0) {
+    struct stat tgt {};
+    const bool link = S_ISLNK(out_lst.st_mode);
+    if (!link && !S_ISREG(out_lst.st_mode) && !S_ISDIR(out_lst.st_mode))
+      fail_arg(path + " exists and is " + file_kind(out_lst.st_mode) + ", not a regular file: refusing to replace it");
+    if (link && ::stat(path.c_str(), &tgt) == 0 && !S_ISREG(tgt.st_mode) && !S_ISDIR(tgt.st_mode))
+      fail_arg(path + " is a link to " + file_kind(tgt.st_mode) + ", not a regular file: refusing to replace it");
+  }
   // ---- never replace an input, whatever name it is reached by ----------------
   struct stat out_st {};
   if (::stat(path.c_str(), &out_st) == 0) {
@@ -427,24 +454,41 @@ void SafetensorsWriter::write(const std::string& path,
   if (text.size() > kMaxHeaderBytes)
     fail_arg(path + ": header of " + std::to_string(text.size()) + " bytes exceeds the cap of " +
              std::to_string(kMaxHeaderBytes) + " bytes");
-  unsigned char prefix[8];
-  for (int i = 0; i < 8; ++i) prefix[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
+  unsigned char prefix8[8];
+  for (int i = 0; i < 8; ++i) prefix8[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
 
-  // ---- temp file, fsync, rename ------------------------------------------------
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  // ---- temp file, fsync, check, rename ----------------------------------------
+  // The temporary is `.NAME.qhead-tmp-PID` beside `path` (hidden, and named
+  // for the stale-temporary rule of stale_temp.h: those of killed writers of
+  // the same output are removed here).
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string base = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string prefix = "." + base + ".qhead-tmp-";
+  if (DIR* d = ::opendir(dir.c_str())) {
+    std::vector<std::string> stale;
+    while (const dirent* e = ::readdir(d))
+      if (io::stale_temp_pid(e->d_name, prefix)) stale.push_back(dir + "/" + e->d_name);
+    ::closedir(d);
+    for (const std::string& f : stale) ::unlink(f.c_str());  // unlink removes a name, never truncates
+  }
+  const std::string tmp = dir + "/" + prefix + std::to_string(::getpid());
   auto fail_io = [&](const std::string& step, int err, int fd) {
     if (fd >= 0) ::close(fd);
     ::unlink(tmp.c_str());
     throw Error(ErrorCode::kIo, "safetensors.write", path + ": " + step + ": " + errno_str(err));
   };
-  // O_NOFOLLOW: never write through a symlink planted at the temp name.
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  // A file of our own pid's name is an earlier process's leftover (that
+  // process is gone: we have its pid). O_EXCL | O_NOFOLLOW: the temporary is
+  // always a new file, never an existing file or a link's target.
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) {
     const int err = errno;
     throw Error(ErrorCode::kIo, "safetensors.write",
                 path + ": cannot create " + tmp + ": " + errno_str(err));
   }
-  if (!write_all(fd, prefix, sizeof prefix) || !write_all(fd, text.data(), text.size()))
+  if (!write_all(fd, prefix8, sizeof prefix8) || !write_all(fd, text.data(), text.size()))
     fail_io("write failed", errno, fd);
   for (size_t i : order) {
     const auto& [name, t] = tensors_[i];
@@ -453,11 +497,17 @@ void SafetensorsWriter::write(const std::string& path,
   }
   if (::fsync(fd) != 0) fail_io("fsync failed", errno, fd);
   if (::close(fd) != 0) fail_io("close failed", errno, -1);
+  if (check) {
+    try {
+      check(tmp);
+    } catch (...) {
+      ::unlink(tmp.c_str());  // `path` is left as it was
+      throw;
+    }
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) fail_io("rename failed", errno, -1);
 
   // Best effort: persist the rename itself by syncing the directory entry.
-  const auto slash = path.find_last_of('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
