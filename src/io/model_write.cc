@@ -522,7 +522,12 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
 
   // ---- paths: never into the input, never over a non-empty directory unless forced ----
   const fs::path cin = canonical_any(dir), cout = canonical_any(out);
-  if (cin == cout || is_within(cout, cin))
+  // The same directory by another name that the paths do not show (a bind
+  // mount): compared by device and inode.
+  struct stat in_st {}, out_st {};
+  const bool same_inode = ::stat(dir.c_str(), &in_st) == 0 && ::stat(out.c_str(), &out_st) == 0 &&
+                          in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino;
+  if (cin == cout || same_inode || is_within(cout, cin))
     fail(ErrorCode::kInvalidArgument, kOp,
          "refusing to write into the input model directory " + dir_s + " (output " + out_s + ")");
   // Temporaries of killed runs for this output first: a previous output one
