@@ -46,6 +46,7 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
                 name + ": table must be F32/F16/BF16, got " + dtype_name(dense.dtype));
   const int64_t v = dense.size(0), h = dense.size(1);
   scheme.check_hidden(h, op, name);
+  scheme.table_bytes(v, h, op, name);  // every size below fits in int64
 
   const DType xt = dense.dtype, st = scheme.scale_dtype, pt = promote(xt, st);
   const int64_t g = scheme.groups(h), gl = scheme.group_len(h);
@@ -133,7 +134,7 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
     throw Error(ErrorCode::kInvalidArgument, op,
                 name + ": row " + std::to_string(bad_row.load()) + " holds a NaN or Inf; cannot quantize");
   if (!scheme.symmetric) {
-    out.zero_point = Tensor::empty(DType::kI32, {(v * scheme.bits + 31) / 32, g});
+    out.zero_point = Tensor::empty(DType::kI32, {scheme.zero_point_rows(v), g});
     pack_zero_points(zps.data(), v, g, scheme.bits, out.zero_point.ptr<int32_t>());
   }
   if (progress) progress(v, v);
