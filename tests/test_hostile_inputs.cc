@@ -347,3 +347,31 @@ TEST_F(HostileInputs, EveryBitWidthIsInferredFromShapes) {
 }
 
 }  // namespace
+
+namespace {
+
+// ---- GGUF import: a NaN in a table to be quantized -------------------------------------------
+
+TEST_F(HostileInputs, GgufTableWithNanIsRefusedByTheQuantizer) {
+  // token_embd.weight F32 [2, 32] with a NaN and an Inf: RTN quantization must
+  // refuse it (the fuzzer found NaN codes converted to int8, undefined behaviour).
+  std::string data;
+  for (int i = 0; i < 64; ++i) {
+    const float v = i == 5 ? std::numeric_limits<float>::quiet_NaN()
+                           : i == 40 ? std::numeric_limits<float>::infinity() : 0.25f * static_cast<float>(i % 7);
+    data.append(reinterpret_cast<const char*>(&v), 4);
+  }
+  std::string b = gguf_file("token_embd.weight", {32, 2}, 0);
+  b += data;
+  const GgufFile f = GgufFile::open(write("nan.gguf", b));
+  const TokenTables dense = gguf_load_tables(f);  // dense import keeps the values as they are
+  EXPECT_TRUE(std::isnan(dense.embedding.dense().ptr<float>()[5]));
+  for (const char* scheme : {"w4g32a", "w8", "w3g32"}) {
+    SCOPED_TRACE(scheme);
+    const std::string msg =
+        expect_error([&] { gguf_load_tables(f, QuantScheme::parse(scheme), 1); }, ErrorCode::kInvalidArgument);
+    EXPECT_NE(msg.find("row 0 holds a NaN or Inf"), std::string::npos) << msg;
+  }
+}
+
+}  // namespace

@@ -89,14 +89,17 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
     int64_t pending = 0;  // rows done since this worker last reported
     for (int64_t r = rb; r < re; ++r) {
       convert(static_cast<const char*>(dense.data) + r * h * dtype_size(xt), xt, x.data(), DType::kF32, h);
+      // A NaN or Inf row is reported (the first one found) and not quantized:
+      // converting its NaN codes to integers would be undefined.
+      if (!std::all_of(x.begin(), x.end(), [](float f) { return std::isfinite(f); })) {
+        int64_t expected = -1;
+        bad_row.compare_exchange_strong(expected, r);
+        continue;
+      }
       for (int64_t k = 0; k < g; ++k) {
         const float* xg = x.data() + k * gl;
         float mn = 0.0f, mx = 0.0f;
         for (int64_t j = 0; j < gl; ++j) {
-          if (!std::isfinite(xg[j])) {
-            int64_t expected = -1;
-            bad_row.compare_exchange_strong(expected, r);
-          }
           mn = std::min(mn, xg[j]);
           mx = std::max(mx, xg[j]);
         }
