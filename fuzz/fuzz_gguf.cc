@@ -15,7 +15,7 @@ using namespace qhead;
 namespace {
 
 // Elements dequantized per tensor at most (keeps each run fast).
-constexpr int64_t kMaxDequantValues = int64_t(1) << 16;
+constexpr int64_t kMaxDequantValues = int64_t(1) << 12;
 
 void read_metadata(const GgufFile& f) {
   for (const std::string& key : f.keys()) {

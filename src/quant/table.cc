@@ -198,10 +198,10 @@ namespace {
 std::pair<int64_t, int64_t> read_weight_shape(const SafetensorsFile& file, const std::string& prefix,
                                               const std::string& where) {
   const std::string name = prefix + ".weight_shape";
-  if (!file.contains(name)) bad(where, "missing tensor " + name);
+  if (!file.contains(name)) bad(where, "missing tensor " + printable(name));
   Tensor t = file.get(name);
   if (t.shape() != Shape{2} || (t.dtype() != DType::kI64 && t.dtype() != DType::kI32))
-    bad(where, name + ": expected I64 [2], got " + dtype_name(t.dtype()) + " " + shape_str(t.shape()));
+    bad(where, printable(name) + ": expected I64 [2], got " + dtype_name(t.dtype()) + " " + shape_str(t.shape()));
   int64_t dims[2];
   for (int i = 0; i < 2; ++i) {
     if (t.dtype() == DType::kI64) {
@@ -213,14 +213,14 @@ std::pair<int64_t, int64_t> read_weight_shape(const SafetensorsFile& file, const
     }
   }
   if (dims[0] < 0 || dims[1] <= 0 || dims[0] > (int64_t(1) << 40) || dims[1] > (int64_t(1) << 30))
-    bad(where, name + ": implausible shape [" + std::to_string(dims[0]) + ", " + std::to_string(dims[1]) + "]");
+    bad(where, printable(name) + ": implausible shape [" + std::to_string(dims[0]) + ", " + std::to_string(dims[1]) + "]");
   return {dims[0], dims[1]};
 }
 
 }  // namespace
 
 QuantScheme infer_scheme(const SafetensorsFile& file, const std::string& prefix) {
-  const std::string where = file.path() + ": " + prefix;
+  const std::string where = file.path() + ": " + printable(prefix);  // names come from the file
   // 1. qhead's own metadata entry, written by add_packed().
   auto it = file.metadata().find(scheme_metadata_key(prefix));
   if (it != file.metadata().end()) {
@@ -248,7 +248,7 @@ QuantScheme infer_scheme(const SafetensorsFile& file, const std::string& prefix)
       bad(where, "metadata " + printable(it->first) + ": " + e.what());
     }
     const std::string sname = prefix + ".weight_scale";
-    if (!file.contains(sname)) bad(where, "missing tensor " + sname);
+    if (!file.contains(sname)) bad(where, "missing tensor " + printable(sname));
     s.scale_dtype = file.get(sname).dtype();
     return s;
   }
@@ -257,7 +257,7 @@ QuantScheme infer_scheme(const SafetensorsFile& file, const std::string& prefix)
   //    the scale columns the group size, a zero-point tensor asymmetry.
   const auto [v, h] = read_weight_shape(file, prefix, where);
   const std::string pname = prefix + ".weight_packed", sname = prefix + ".weight_scale";
-  if (!file.contains(sname)) bad(where, "missing tensor " + sname);
+  if (!file.contains(sname)) bad(where, "missing tensor " + printable(sname));
   Tensor packed = file.get(pname), scale = file.get(sname);
   if (packed.shape().size() != 2 || scale.shape().size() != 2)
     bad(where, "weight_packed and weight_scale must be 2-D, got " + shape_str(packed.shape()) + " and " +
@@ -293,8 +293,8 @@ QuantScheme infer_scheme(const SafetensorsFile& file, const std::string& prefix)
 }
 
 Table load_packed(const SafetensorsFile& file, const std::string& prefix, std::optional<QuantScheme> scheme) {
-  const std::string where = file.path() + ": " + prefix;
-  if (!has_packed(file, prefix)) bad(where, "missing tensor " + prefix + ".weight_packed");
+  const std::string where = file.path() + ": " + printable(prefix);  // names come from the file
+  if (!has_packed(file, prefix)) bad(where, "missing tensor " + printable(prefix) + ".weight_packed");
   const QuantScheme s = scheme ? *scheme : infer_scheme(file, prefix);
   const auto [v, h] = read_weight_shape(file, prefix, where);
   PackedTable p;
@@ -303,14 +303,14 @@ Table load_packed(const SafetensorsFile& file, const std::string& prefix, std::o
   p.hidden = h;
   p.packed = file.get(prefix + ".weight_packed");
   const std::string sname = prefix + ".weight_scale";
-  if (!file.contains(sname)) bad(where, "missing tensor " + sname);
+  if (!file.contains(sname)) bad(where, "missing tensor " + printable(sname));
   p.scale = file.get(sname);
   const std::string zname = prefix + ".weight_zero_point";
   if (!s.symmetric) {
-    if (!file.contains(zname)) bad(where, "asymmetric scheme " + s.name() + " but no tensor " + zname);
+    if (!file.contains(zname)) bad(where, "asymmetric scheme " + s.name() + " but no tensor " + printable(zname));
     p.zero_point = file.get(zname);
   } else if (file.contains(zname)) {
-    bad(where, "symmetric scheme " + s.name() + " but the file has " + zname);
+    bad(where, "symmetric scheme " + s.name() + " but the file has " + printable(zname));
   }
   return Table::packed(std::move(p), where);
 }
