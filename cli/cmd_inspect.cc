@@ -49,11 +49,10 @@ bool ends_with(const std::string& s, const std::string& suf) {
   return s.size() >= suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0;
 }
 
-// Bytes a [V, H] table takes packed under `s` (codes, scales, zero points, shape).
-size_t packed_bytes(int64_t v, int64_t h, const QuantScheme& s) {
-  size_t b = size_t(v) * size_t(s.packed_cols(h)) * 4 + size_t(v) * size_t(s.groups(h)) * dtype_size(s.scale_dtype) + 16;
-  if (!s.symmetric) b += size_t((v * s.bits + 31) / 32) * size_t(s.groups(h)) * 4;
-  return b;
+// Bytes a [V, H] table takes packed under `s` (codes, scales, zero points, shape);
+// an Error naming `tensor` when the size overflows (dims come from the file).
+size_t packed_bytes(int64_t v, int64_t h, const QuantScheme& s, const std::string& tensor) {
+  return static_cast<size_t>(s.table_bytes(v, h, "inspect", tensor)) + 16;
 }
 
 // qhead inspect MODEL_DIR: the two roles of a Hugging Face model directory.
@@ -65,7 +64,7 @@ int inspect_model_dir(const InspectArgs& a) {
     QuantScheme s = target;
     s.scale_dtype = is_float_dtype(r.dtype) ? r.dtype : DType::kF16;
     s.check_hidden(m.hidden, "inspect", r.tensor);
-    return packed_bytes(m.vocab, m.hidden, s);
+    return packed_bytes(m.vocab, m.hidden, s, r.tensor);
   };
   const size_t now = m.table_bytes();
   const size_t later = after(m.embedding) + (m.tied ? 0 : after(m.head));
@@ -132,7 +131,7 @@ int inspect_gguf(const InspectArgs& a) {
   target.check_hidden(r.hidden, "inspect", r.embedding);
   const auto& ei = f.info(r.embedding);
   const size_t now = ei.nbytes + (r.tied ? 0 : f.info(r.head).nbytes);
-  const size_t later = packed_bytes(r.vocab, r.hidden, target) * (r.tied ? 1 : 2);
+  const size_t later = packed_bytes(r.vocab, r.hidden, target, r.embedding) * (r.tied ? 1 : 2);
   const std::string arch = f.get_string("general.architecture").value_or("");
   auto role_json = [&](const std::string& name) {
     const auto& i = f.info(name);

@@ -103,7 +103,13 @@ class GgufFile {
 
   // Maps and validates `path`. Throws Error (kIo / kInvalidFile; kUnsupported
   // for GGUF v1 and big-endian files).
+  // Anything but a regular file (a directory, FIFO, device) is refused
+  // without opening it for reading.
   static GgufFile open(const std::string& path);
+  // Validates a GGUF image of `size` bytes at `bytes` (which the returned file
+  // and its tensors keep alive); `name` stands for the path in error messages.
+  // The same checks and errors as open().
+  static GgufFile from_bytes(std::shared_ptr<const void> bytes, size_t size, const std::string& name);
 
   const std::string& path() const { return path_; }
   uint32_t version() const { return version_; }

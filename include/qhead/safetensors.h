@@ -6,11 +6,14 @@
 // then the data section; offsets are relative to the data section start.
 //
 // Reading validates everything before any tensor is handed out: header length
-// against the file size and a cap (100 MB), well-formed JSON object, known
+// against the file size and a cap (100 MB), a header that starts with '{',
+// well-formed JSON object nested at most 16 deep, known
 // dtypes, non-negative shapes, shape × dtype size == byte range, ranges inside
 // the data section, and the ranges tile the data section exactly (no overlap,
-// no hole), as the reference implementation requires. Every failure throws
-// qhead::Error(kInvalidFile) naming the file and the tensor.
+// no hole), as the reference implementation requires; __metadata__ maps
+// strings to strings. Every failure throws qhead::Error(kInvalidFile) naming
+// the file and the tensor (file-supplied names escaped: qhead never prints
+// raw header bytes).
 #pragma once
 
 #include <functional>
@@ -25,8 +28,14 @@ namespace qhead {
 
 class SafetensorsFile {
  public:
-  // Maps and validates `path`. Throws Error (kIo / kInvalidFile).
+  // Maps and validates `path`. Throws Error (kIo / kInvalidFile); anything
+  // but a regular file (a directory, FIFO, device) is refused without opening
+  // it for reading.
   static SafetensorsFile open(const std::string& path);
+  // Validates a safetensors image of `size` bytes at `bytes` (which the
+  // returned file and its tensors keep alive); `name` stands for the path in
+  // error messages. The same checks and errors as open().
+  static SafetensorsFile from_bytes(std::shared_ptr<const void> bytes, size_t size, const std::string& name);
 
   const std::string& path() const { return path_; }
   // Tensor names in file order (by data offset).

@@ -30,10 +30,13 @@ struct QuantScheme {
   int offset() const { return 1 << (bits - 1); }
   bool per_row() const { return group_size < 0; }
 
-  // Int32 words for n codes: compressed-tensors packs densely, code i at bit
-  // i·bits of the row's bit stream (low bits first), so for bits not dividing
-  // 32 a code may straddle two words.
-  int64_t packed_cols(int64_t n) const { return (n * bits + 31) / 32; }
+  // Int32 words for n >= 0 codes, ceil(n·bits / 32): compressed-tensors packs
+  // densely, code i at bit i·bits of the row's bit stream (low bits first), so
+  // for bits not dividing 32 a code may straddle two words. Computed without
+  // forming n·bits, so it cannot overflow for any n and bits <= 32.
+  int64_t packed_cols(int64_t n) const { return n / 32 * bits + ((n % 32) * bits + 31) / 32; }
+  // Int32 rows of the zero-point tensor for v vocab rows (packed along V).
+  int64_t zero_point_rows(int64_t v) const { return packed_cols(v); }
   // Scale / zero-point groups per row.
   int64_t groups(int64_t h) const { return per_row() ? 1 : h / group_size; }
   // Group length along H (h for per-row).
@@ -46,6 +49,10 @@ struct QuantScheme {
   // splits into whole groups. Exact tail handling is deliberately not offered:
   // compressed-tensors itself rejects a partial last group for pack-quantized.
   void check_hidden(int64_t h, const std::string& op, const std::string& tensor) const;
+  // Bytes of a [v, h] table packed under this (valid) scheme: codes, scales
+  // and zero points. Throws kInvalidArgument naming `op`, `tensor` and the
+  // dims when v < 0, h < 0 or a size does not fit in int64.
+  int64_t table_bytes(int64_t v, int64_t h, const std::string& op, const std::string& tensor) const;
 
   // "w4g64" (4-bit, group 64, symmetric), "w8" (8-bit per row),
   // "w4g128a" (asymmetric). The scale dtype is not part of the name.

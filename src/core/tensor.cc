@@ -2,7 +2,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <optional>
 
+#include "qhead/checked.h"
 #include "qhead/error.h"
 
 namespace qhead {
@@ -19,6 +22,10 @@ std::string shape_str(const Shape& s) {
 }
 
 int64_t shape_numel(const Shape& s) {
+  // A zero dim anywhere makes the count 0 without multiplying the others
+  // (readers accept [huge, 0]-style shapes whose non-zero product fits).
+  for (int64_t d : s)
+    if (d == 0) return 0;
   int64_t n = 1;
   for (int64_t d : s) n *= d;
   return n;
@@ -40,7 +47,18 @@ Tensor Tensor::empty(DType t, Shape shape) {
     if (d < 0)
       throw Error(ErrorCode::kInvalidArgument, "Tensor::empty", "negative dim in " + shape_str(shape));
   Tensor out;
-  const size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(t);
+  bool has_zero = false;
+  for (int64_t d : shape) has_zero |= d == 0;
+  std::optional<int64_t> numel = 1;
+  if (has_zero)
+    numel = 0;
+  else
+    for (int64_t d : shape) numel = numel ? checked_mul(*numel, d) : std::nullopt;
+  const auto total = numel ? checked_mul(*numel, static_cast<int64_t>(dtype_size(t))) : std::nullopt;
+  if (!total || *total > std::numeric_limits<int64_t>::max() - 128)
+    throw Error(ErrorCode::kInvalidArgument, "Tensor::empty",
+                "the byte size of shape " + shape_str(shape) + " does not fit in 64 bits");
+  const size_t bytes = static_cast<size_t>(*total);
   const size_t rounded = (bytes + 63) / 64 * 64 + 64;  // never zero, multiple of 64
   void* p = std::aligned_alloc(64, rounded);
   if (!p) throw Error(ErrorCode::kIo, "Tensor::empty", "out of memory allocating " + std::to_string(bytes) + " bytes");

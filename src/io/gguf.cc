@@ -28,8 +28,10 @@
 #include <limits>
 #include <sstream>
 
-#include "qhead/dtype.h"
+#include "core/printable.h"
 #include "io/fd_guard.h"
+#include "qhead/checked.h"
+#include "qhead/dtype.h"
 #include "qhead/error.h"
 #include "qhead/parallel.h"
 
@@ -57,13 +59,14 @@ constexpr uint64_t kMinTensorInfoBytes = 24;
 [[noreturn]] void fail_file(const std::string& path, const std::string& what) {
   throw Error(ErrorCode::kInvalidFile, kWhere, path + ": " + what);
 }
+// Names and keys come from the file: escaped (printable()) for the message.
 [[noreturn]] void fail_tensor(const std::string& path, const std::string& name,
                               const std::string& what) {
-  fail_file(path, "tensor '" + name + "': " + what);
+  fail_file(path, "tensor '" + printable(name) + "': " + what);
 }
 [[noreturn]] void fail_key(const std::string& path, const std::string& key,
                            const std::string& what) {
-  fail_file(path, "metadata key '" + key + "': " + what);
+  fail_file(path, "metadata key '" + printable(key) + "': " + what);
 }
 
 std::string errno_str(int err) { return std::strerror(err); }
@@ -182,7 +185,7 @@ GgufValue decode_scalar(GgufValueType t, const unsigned char* p) {
 
 // Parses one value of type t for metadata key `key` (depth = array nesting).
 GgufValue parse_value(Cursor& c, GgufValueType t, const std::string& key, int depth) {
-  auto ctx = [&] { return "metadata key '" + key + "'"; };
+  auto ctx = [&] { return "metadata key '" + printable(key) + "'"; };
   if (t == GgufValueType::kString) {
     GgufValue v;
     v.type = t;
@@ -572,32 +575,36 @@ int64_t GgufFile::Info::cols() const { return dims.empty() ? 1 : dims.back(); }
 // ============================================================================
 
 GgufFile GgufFile::open(const std::string& path) {
-  GgufFile f;
-  f.path_ = path;
-
   // ---- map the file ---------------------------------------------------------
-  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.fd < 0) throw Error(ErrorCode::kIo, kWhere, path + ": cannot open: " + errno_str(errno));
+  // Anything but a regular file is refused before an open() that could block.
   struct stat st {};
-  if (::fstat(fd.fd, &st) != 0)
-    throw Error(ErrorCode::kIo, kWhere, path + ": fstat failed: " + errno_str(errno));
-  if (!S_ISREG(st.st_mode)) throw Error(ErrorCode::kIo, kWhere, path + ": not a regular file");
+  FdGuard fd(io::open_regular_file(path, kWhere, &st));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   // magic + version + two u64 counts
   if (size < 24)
     fail_file(path, "file too small for a GGUF header: " + num(size) + " bytes, need at least 24");
   if (size > std::numeric_limits<size_t>::max())
     fail_file(path, "file of " + num(size) + " bytes does not fit in memory");
-  f.file_size_ = static_cast<size_t>(size);
-  void* addr = ::mmap(nullptr, f.file_size_, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+  const size_t map_len = static_cast<size_t>(size);
+  void* addr = ::mmap(nullptr, map_len, PROT_READ, MAP_PRIVATE, fd.fd, 0);
   if (addr == MAP_FAILED)
     throw Error(ErrorCode::kIo, kWhere, path + ": mmap failed: " + errno_str(errno));
-  const size_t map_len = f.file_size_;
   // As for safetensors: truncating the file while it is mapped raises SIGBUS
   // on access, which no validation can prevent.
-  f.mapping_ = std::shared_ptr<const void>(
+  std::shared_ptr<const void> mapping(
       addr, [map_len](const void* p) { ::munmap(const_cast<void*>(p), map_len); });
-  const auto* base = static_cast<const unsigned char*>(addr);
+  return from_bytes(std::move(mapping), map_len, path);
+}
+
+GgufFile GgufFile::from_bytes(std::shared_ptr<const void> bytes, size_t size_in, const std::string& path) {
+  GgufFile f;
+  f.path_ = path;
+  const uint64_t size = size_in;
+  if (size < 24 || bytes == nullptr)
+    fail_file(path, "file too small for a GGUF header: " + num(size) + " bytes, need at least 24");
+  f.file_size_ = size_in;
+  f.mapping_ = std::move(bytes);
+  const auto* base = static_cast<const unsigned char*>(f.mapping_.get());
   Cursor c{base, size, 0, path};
 
   // ---- header ---------------------------------------------------------------
@@ -638,7 +645,7 @@ GgufFile GgufFile::open(const std::string& path) {
   for (uint64_t k = 0; k < n_kv; ++k) {
     const std::string key(c.str([&] { return "metadata key #" + num(k); }));
     if (key.empty()) fail_file(path, "metadata key #" + num(k) + " is empty");
-    const uint32_t vt = c.u32([&] { return "metadata key '" + key + "' value type"; });
+    const uint32_t vt = c.u32([&] { return "metadata key '" + printable(key) + "' value type"; });
     if (!known_value_type(vt)) fail_key(path, key, "unknown value type " + num(vt));
     GgufValue v = parse_value(c, static_cast<GgufValueType>(vt), key, 0);
     if (!f.meta_.emplace(key, std::move(v)).second) fail_key(path, key, "duplicate key");
@@ -673,7 +680,7 @@ GgufFile GgufFile::open(const std::string& path) {
     Raw r;
     r.name = std::string(c.str([&] { return "tensor info #" + num(t) + " name"; }));
     if (r.name.empty()) fail_file(path, "tensor info #" + num(t) + " has an empty name");
-    auto ctx = [&] { return "tensor '" + r.name + "' info"; };
+    auto ctx = [&] { return "tensor '" + printable(r.name) + "' info"; };
     const uint32_t n_dims = c.u32(ctx);
     if (n_dims > kMaxDims)
       fail_tensor(path, r.name, "n_dims " + num(n_dims) + " exceeds the ggml maximum of 4");
@@ -707,9 +714,11 @@ GgufFile GgufFile::open(const std::string& path) {
     for (uint64_t d : r.ne) {
       if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
         fail_tensor(path, r.name, "dimension " + num(d) + " is negative as int64");
-      if (d != 0 && (__builtin_mul_overflow(prod, d, &prod) ||
-                     prod > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())))
+      if (d == 0) continue;
+      const auto p = checked_mul(prod, d);
+      if (!p || *p > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
         fail_tensor(path, r.name, "element count of ggml ne " + ne_str(r.ne) + " overflows int64");
+      prod = *p;
     }
     for (auto it = r.ne.rbegin(); it != r.ne.rend(); ++it) info.dims.push_back(static_cast<int64_t>(*it));
     const uint64_t ne0 = r.ne.empty() ? 1 : r.ne[0];
@@ -720,10 +729,10 @@ GgufFile GgufFile::open(const std::string& path) {
     bool has_zero = false;
     for (uint64_t d : r.ne) has_zero |= d == 0;
     const uint64_t numel = has_zero ? 0 : prod;
-    uint64_t nbytes = 0;
-    if (__builtin_mul_overflow(numel / static_cast<uint64_t>(traits->block_size),
-                               static_cast<uint64_t>(traits->type_size), &nbytes))
-      fail_tensor(path, r.name, "byte size overflows");
+    const auto nbytes_or = checked_mul(numel / static_cast<uint64_t>(traits->block_size),
+                                       static_cast<uint64_t>(traits->type_size));
+    if (!nbytes_or) fail_tensor(path, r.name, "byte size of ggml ne " + ne_str(r.ne) + " overflows");
+    const uint64_t nbytes = *nbytes_or;
     info.nbytes = nbytes;
     info.offset = r.offset;
     if (r.offset % f.alignment_ != 0)
@@ -752,7 +761,7 @@ GgufFile GgufFile::open(const std::string& path) {
     if (prev->offset + prev->nbytes > cur->offset)
       fail_tensor(path, cur->name,
                   "data range [" + num(cur->offset) + ", " + num(cur->offset + cur->nbytes) +
-                      ") overlaps tensor '" + prev->name + "' at [" + num(prev->offset) + ", " +
+                      ") overlaps tensor '" + printable(prev->name) + "' at [" + num(prev->offset) + ", " +
                       num(prev->offset + prev->nbytes) + ")");
   }
   return f;
@@ -761,7 +770,7 @@ GgufFile GgufFile::open(const std::string& path) {
 const GgufFile::Info& GgufFile::info(const std::string& name) const {
   const auto it = index_.find(name);
   if (it == index_.end())
-    throw Error(ErrorCode::kInvalidArgument, kWhere, path_ + ": no tensor named '" + name + "'");
+    throw Error(ErrorCode::kInvalidArgument, kWhere, path_ + ": no tensor named '" + printable(name) + "'");
   return it->second;
 }
 
@@ -799,7 +808,7 @@ namespace {
 [[noreturn]] void wrong_type(const std::string& path, const std::string& key, const char* want,
                              const GgufValue& v) {
   throw Error(ErrorCode::kInvalidFile, "gguf.metadata",
-              path + ": metadata key '" + key + "' should be " + want + ", got " + type_text(v));
+              path + ": metadata key '" + printable(key) + "' should be " + want + ", got " + type_text(v));
 }
 bool is_integer(GgufValueType t) {
   switch (t) {
@@ -824,7 +833,7 @@ std::optional<int64_t> GgufFile::get_int(const std::string& key) const {
   if (!is_integer(v->type)) wrong_type(path_, key, "an integer", *v);
   if (!v->fits_i64)
     throw Error(ErrorCode::kInvalidFile, "gguf.metadata",
-                path_ + ": metadata key '" + key + "' value " + num(v->u) + " does not fit int64");
+                path_ + ": metadata key '" + printable(key) + "' value " + num(v->u) + " does not fit int64");
   return v->i;
 }
 
@@ -862,7 +871,7 @@ std::string GgufFile::dump_metadata(size_t max_items) const {
   std::string out;
   for (const std::string& key : keys_) {
     const GgufValue& v = meta_.at(key);
-    out += key + ": " + type_text(v) + " = " + format_value(v, max_items) + "\n";
+    out += printable(key) + ": " + type_text(v) + " = " + format_value(v, max_items) + "\n";
   }
   return out;
 }
@@ -926,6 +935,12 @@ GgufRoles gguf_roles(const GgufFile& file) {
     throw Error(ErrorCode::kInvalidFile, "gguf.roles",
                 file.path() + ": tensor '" + kEmbedding + "' should be 2-D [vocab, hidden], got " +
                     shape_text(emb.dims));
+  // The bounds a packed table's weight_shape is held to (table.cc): a table
+  // beyond them (say [0, 2^62], which takes no bytes in the file) is no model's.
+  if (emb.dims[0] > (int64_t(1) << 40) || emb.dims[1] > (int64_t(1) << 30))
+    throw Error(ErrorCode::kInvalidFile, "gguf.roles",
+                file.path() + ": tensor '" + kEmbedding + "' has implausible dims " + shape_text(emb.dims) +
+                    " (a token table is at most [2^40, 2^30])");
   GgufRoles roles;
   roles.embedding = kEmbedding;
   roles.vocab = emb.dims[0];

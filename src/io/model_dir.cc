@@ -14,6 +14,7 @@
 #include <sstream>
 #include <vector>
 
+#include "qhead/checked.h"
 #include "qhead/error.h"
 #include "qhead/parallel.h"
 #include "qhead/safetensors.h"
@@ -383,7 +384,13 @@ void inspect_gptq(const Files& f, const GptqConfig& c, const std::string& mod, M
   const int pack = 32 / c.bits;
   if (qw.dtype() != DType::kI32 || qw.shape().size() != 2)
     invalid(file, mod + ".qweight is " + dtype_name(qw.dtype()) + " " + shape_str(qw.shape()) + ", expected I32 [H*bits/32, V]");
-  const int64_t v = qw.size(1), h = qw.size(0) * pack;
+  // Sizes from the file's shapes, overflow-checked: a zero-size qweight may carry a huge dim.
+  const auto h_or = checked_mul(qw.size(0), static_cast<int64_t>(pack));
+  if (!h_or || *h_or > (int64_t(1) << 30) || qw.size(1) > (int64_t(1) << 40))
+    invalid(file, mod + ".qweight " + shape_str(qw.shape()) + " gives an implausible table [" +
+                      std::to_string(qw.size(1)) + ", " + (h_or ? std::to_string(*h_or) : "overflow") +
+                      "] (at most [2^40, 2^30])");
+  const int64_t v = qw.size(1), h = *h_or;
   if (c.group_size > 0 && h % c.group_size != 0)
     unsupported(file, mod + ": hidden size " + std::to_string(h) + " is not a multiple of group_size " +
                           std::to_string(c.group_size) + " (from " + c.where + ")");
@@ -392,7 +399,9 @@ void inspect_gptq(const Files& f, const GptqConfig& c, const std::string& mod, M
     invalid(file, mod + ".scales is " + dtype_name(sc.dtype()) + " " + shape_str(sc.shape()) + ", expected F16 " +
                       shape_str({g, v}) + " (bits " + std::to_string(c.bits) + ", group_size " +
                       std::to_string(c.group_size) + " from " + c.where + ")");
-  const int64_t zcols = (v * c.bits + 31) / 32;
+  QuantScheme packing;
+  packing.bits = c.bits;
+  const int64_t zcols = packing.packed_cols(v);  // ceil(v·bits / 32) without forming v·bits
   if (qz.dtype() != DType::kI32 || qz.shape() != Shape{g, zcols})
     invalid(file, mod + ".qzeros is " + dtype_name(qz.dtype()) + " " + shape_str(qz.shape()) + ", expected I32 " +
                       shape_str({g, zcols}));
@@ -499,7 +508,7 @@ Table convert_gptq(const Files& f, const ModelInfo::Role& role) {
       for (int64_t n = 0; n < v; ++n)
         z[static_cast<size_t>(n * g + gi)] =
             static_cast<int8_t>(static_cast<int>(stored_code_at(zp + gi * zcols, n, bits)) + off - mid);
-    p.zero_point = Tensor::empty(DType::kI32, {(v * bits + 31) / 32, g});
+    p.zero_point = Tensor::empty(DType::kI32, {s.zero_point_rows(v), g});
     pack_zero_points(z.data(), v, g, bits, p.zero_point.ptr<int32_t>());
   }
   return Table::packed(std::move(p), role.file + ": " + mod + " (converted from GPTQ)");

@@ -23,8 +23,10 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "core/printable.h"
 #include "io/fd_guard.h"
 #include "io/stale_temp.h"
+#include "qhead/checked.h"
 #include "qhead/error.h"
 
 namespace qhead {
@@ -38,14 +40,19 @@ constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 // The writer aligns the data section start to this many bytes.
 constexpr size_t kDataAlign = 8;
 constexpr const char* kMetadataKey = "__metadata__";
+// Deepest JSON nesting accepted in a header. A valid header nests 3 deep (the
+// top object, a tensor entry, its shape array); the bound keeps hostile
+// nesting from reaching recursive code (dump, comparisons) at all.
+constexpr int kMaxJsonDepth = 16;
 
 [[noreturn]] void fail_file(const std::string& path, const std::string& what) {
   throw Error(ErrorCode::kInvalidFile, "safetensors.read", path + ": " + what);
 }
 
+// `name` comes from the file: it is escaped (printable()) for the message.
 [[noreturn]] void fail_tensor(const std::string& path, const std::string& name,
                               const std::string& what) {
-  fail_file(path, "tensor '" + name + "': " + what);
+  fail_file(path, "tensor '" + printable(name) + "': " + what);
 }
 
 std::string errno_str(int err) { return std::strerror(err); }
@@ -62,10 +69,10 @@ std::string file_kind(mode_t m) {
   return "not a regular file";
 }
 
-// A JSON value for an error message, cut short so a huge header stays readable.
+// A JSON value for an error message (ASCII only, non-ASCII as \uXXXX), cut
+// short so a huge header stays readable. Nesting is bounded at parse time.
 std::string short_dump(const nlohmann::json& v) {
-  std::string s = v.dump();
-  if (s.size() > 120) s = s.substr(0, 120) + "...";
+  std::string s = printable(v.dump(-1, ' ', /*ensure_ascii=*/true), 120);
   return s;
 }
 
@@ -93,10 +100,20 @@ bool as_unsigned(const json& v, uint64_t* out) {
 // Parses `text` as JSON and rejects duplicate keys in any object: nlohmann
 // would silently keep the last one, and two parsers disagreeing about which
 // tensor a name refers to is exactly the ambiguity validation must exclude.
+// Nesting deeper than kMaxJsonDepth is refused: the callback discards such a
+// value (nlohmann's parser itself is iterative, so the parse stays flat) and
+// the header is rejected once parsing ends.
 json parse_header(const std::string& path, const char* text, size_t n) {
   std::vector<std::set<std::string>> keys;  // one key set per open object
   std::string duplicate;
-  auto cb = [&](int /*depth*/, json::parse_event_t ev, json& v) {
+  bool too_deep = false;
+  auto cb = [&](int depth, json::parse_event_t ev, json& v) {
+    if ((ev == json::parse_event_t::object_start || ev == json::parse_event_t::array_start) &&
+        depth >= kMaxJsonDepth) {
+      too_deep = true;
+      return false;  // not kept: nothing below it is stored
+    }
+    if (too_deep) return false;
     switch (ev) {
       case json::parse_event_t::object_start: keys.emplace_back(); break;
       case json::parse_event_t::object_end:
@@ -115,9 +132,13 @@ json parse_header(const std::string& path, const char* text, size_t n) {
   try {
     j = json::parse(text, text + n, cb, /*allow_exceptions=*/true);
   } catch (const json::exception& e) {
-    fail_file(path, std::string("header is not valid JSON: ") + e.what());
+    // e.what() quotes the bytes last read: escape them.
+    fail_file(path, "header is not valid JSON: " + printable(e.what(), 240));
   }
-  if (!duplicate.empty()) fail_file(path, "header has duplicate key \"" + duplicate + "\"");
+  if (too_deep)
+    fail_file(path, "header JSON nests deeper than " + std::to_string(kMaxJsonDepth) +
+                        " levels (a safetensors header nests 3: object, tensor entry, shape)");
+  if (!duplicate.empty()) fail_file(path, "header has duplicate key \"" + printable(duplicate) + "\"");
   return j;
 }
 
@@ -128,49 +149,84 @@ json parse_header(const std::string& path, const char* text, size_t n) {
 // ============================================================================
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  SafetensorsFile f;
-  f.path_ = path;
-
   // ---- map the file ---------------------------------------------------------
-  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.fd < 0)
-    throw Error(ErrorCode::kIo, "safetensors.read", path + ": cannot open: " + errno_str(errno));
+  // Directories, FIFOs and devices cannot be mapped as a file of known size;
+  // they are refused before an open() that could block.
   struct stat st {};
-  if (::fstat(fd.fd, &st) != 0)
-    throw Error(ErrorCode::kIo, "safetensors.read", path + ": fstat failed: " + errno_str(errno));
-  // Directories, FIFOs and devices cannot be mapped as a file of known size.
-  if (!S_ISREG(st.st_mode))
-    throw Error(ErrorCode::kIo, "safetensors.read", path + ": not a regular file");
+  FdGuard fd(io::open_regular_file(path, "safetensors.read", &st));
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   // The 8-byte length prefix must be present (this also excludes mmap of 0 bytes).
   if (size < 8)
     fail_file(path, "file too small: " + std::to_string(size) + " bytes, need at least 8");
   if (size > std::numeric_limits<size_t>::max())
     fail_file(path, "file of " + std::to_string(size) + " bytes does not fit in memory");
-  f.file_size_ = static_cast<size_t>(size);
+  const size_t map_len = static_cast<size_t>(size);
 
-  void* addr = ::mmap(nullptr, f.file_size_, PROT_READ, MAP_PRIVATE, fd.fd, 0);
+  void* addr = ::mmap(nullptr, map_len, PROT_READ, MAP_PRIVATE, fd.fd, 0);
   if (addr == MAP_FAILED)
     throw Error(ErrorCode::kIo, "safetensors.read", path + ": mmap failed: " + errno_str(errno));
-  const size_t map_len = f.file_size_;
   // The mapping outlives the descriptor; the last Tensor borrowing it unmaps.
   // Note: if another process truncates the file while it is mapped, touching
   // the lost pages raises SIGBUS — no user-space validation can prevent that.
-  f.mapping_ = std::shared_ptr<const void>(
+  std::shared_ptr<const void> mapping(
       addr, [map_len](const void* p) { ::munmap(const_cast<void*>(p), map_len); });
-  const auto* base = static_cast<const unsigned char*>(addr);
+  return from_bytes(std::move(mapping), map_len, path);
+}
+
+namespace {
+
+// What a file that is not safetensors is, from its first bytes; empty when
+// it is no format qhead recognizes.
+std::string other_format(const unsigned char* p, size_t size) {
+  if (size >= 4 && std::memcmp(p, "GGUF", 4) == 0)
+    return "a GGUF file (read it as GGUF: qhead inspect FILE.gguf)";
+  if (size >= 4 && std::memcmp(p, "PK\x03\x04", 4) == 0)
+    return "a zip archive (a PyTorch checkpoint saved by torch.save?); convert it to safetensors first";
+  if (size >= 2 && p[0] == 0x80 && p[1] >= 2 && p[1] <= 5)
+    return "a Python pickle (a legacy PyTorch checkpoint?); convert it to safetensors first";
+  return "";
+}
+
+}  // namespace
+
+SafetensorsFile SafetensorsFile::from_bytes(std::shared_ptr<const void> bytes, size_t size_in,
+                                            const std::string& path) {
+  SafetensorsFile f;
+  f.path_ = path;
+  const uint64_t size = size_in;
+  if (size < 8 || bytes == nullptr)
+    fail_file(path, "file too small: " + std::to_string(size) + " bytes, need at least 8");
+  f.file_size_ = size_in;
+  f.mapping_ = std::move(bytes);
+  const auto* base = static_cast<const unsigned char*>(f.mapping_.get());
+
+  // ---- what the file is -----------------------------------------------------
+  // A safetensors header starts with '{' (the reference reader requires it).
+  // Without it, a file that starts like another format is named for it (a
+  // pickle's 0x80 0x02..0x05 is also the start of a valid header length).
+  const bool brace = size > 8 && base[8] == '{';
+  if (!brace) {
+    const std::string other = other_format(base, f.file_size_);
+    if (!other.empty()) fail_file(path, "is not a safetensors file: it is " + other);
+  }
 
   // ---- header length --------------------------------------------------------
   const uint64_t n = read_u64_le(base);
+  // A header length that cannot be right, with no '{' after it, means this is
+  // not a safetensors file at all: say so before the numbers.
+  const std::string not_st =
+      brace ? "" : "is not a safetensors file: its first 8 bytes are not a little-endian header length "
+                   "followed by '{' (";
+  const std::string not_st_end = brace ? "" : ")";
   // Refuse absurd headers before comparing with the file (a cheap DoS guard).
   if (n > kMaxHeaderBytes)
-    fail_file(path, "header length " + std::to_string(n) + " exceeds the cap of " +
-                        std::to_string(kMaxHeaderBytes) + " bytes");
+    fail_file(path, not_st + "header length " + std::to_string(n) + " exceeds the cap of " +
+                        std::to_string(kMaxHeaderBytes) + " bytes" + not_st_end);
   // The header must fit after the prefix: 8 + N <= file size (no overflow: size >= 8).
   if (n > size - 8)
-    fail_file(path, "header length " + std::to_string(n) + " exceeds the " +
+    fail_file(path, not_st + "header length " + std::to_string(n) + " exceeds the " +
                         std::to_string(size - 8) + " bytes after the length prefix (file is " +
-                        std::to_string(size) + " bytes)");
+                        std::to_string(size) + " bytes)" + not_st_end);
   f.data_start_ = 8 + static_cast<size_t>(n);
   const size_t data_size = f.file_size_ - f.data_start_;
 
@@ -182,13 +238,13 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
 
   for (const auto& [name, value] : header.items()) {
     if (name == kMetadataKey) {
-      // __metadata__ is a flat string -> string map.
+      // __metadata__ is a flat string -> string map (the format's rule).
       if (!value.is_object())
         fail_file(path, std::string("__metadata__ must be an object of strings, got ") +
                             value.type_name());
       for (const auto& [k, v] : value.items()) {
         if (!v.is_string())
-          fail_file(path, "__metadata__ value for key \"" + k + "\" must be a string, got " +
+          fail_file(path, "__metadata__ value for key \"" + printable(k) + "\" must be a string, got " +
                               v.type_name());
         f.metadata_[k] = v.get<std::string>();
       }
@@ -202,7 +258,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
       (void)v;
       if (k != "dtype" && k != "shape" && k != "data_offsets")
         fail_tensor(path, name,
-                    "unknown key \"" + k + "\" (expected dtype, shape, data_offsets)");
+                    "unknown key \"" + printable(k) + "\" (expected dtype, shape, data_offsets)");
     }
     for (const char* required : {"dtype", "shape", "data_offsets"})
       if (!value.contains(required))
@@ -214,7 +270,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     if (!jt.is_string())
       fail_tensor(path, name, std::string("dtype must be a string, got ") + jt.type_name());
     const auto dt = parse_dtype(jt.get<std::string>());
-    if (!dt) fail_tensor(path, name, "unknown dtype \"" + jt.get<std::string>() + "\"");
+    if (!dt) fail_tensor(path, name, "unknown dtype \"" + printable(jt.get<std::string>()) + "\"");
     e.dtype = *dt;
 
     // shape: array of non-negative integers, each representable as int64.
@@ -238,9 +294,10 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
         has_zero = true;
         continue;
       }
-      if (__builtin_mul_overflow(nonzero_product, static_cast<uint64_t>(d), &nonzero_product) ||
-          nonzero_product > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      const auto p = checked_mul(nonzero_product, static_cast<uint64_t>(d));
+      if (!p || *p > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
         fail_tensor(path, name, "element count of shape " + shape_str(e.shape) + " overflows");
+      nonzero_product = *p;
     }
     const uint64_t numel = has_zero ? 0 : nonzero_product;
 
@@ -257,9 +314,8 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
                   "data_offsets begin " + std::to_string(begin) + " > end " + std::to_string(end));
 
     // The byte range must hold exactly numel elements of dtype (overflow-checked).
-    uint64_t need = 0;
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(e.dtype)), &need) ||
-        need != end - begin)
+    const auto need = checked_mul(numel, static_cast<uint64_t>(dtype_size(e.dtype)));
+    if (!need || *need != end - begin)
       fail_tensor(path, name,
                   "byte range " + range_str(begin, end) + " holds " + std::to_string(end - begin) +
                       " bytes but shape " + shape_str(e.shape) + " of " + dtype_name(e.dtype) +
@@ -293,14 +349,14 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     const Entry& e = kv->second;
     // Starting before the previous end means two tensors share bytes.
     if (e.begin < expect)
-      fail_file(path, "tensors '" + *prev + "' " + range_str(f.index_.at(*prev).begin, expect) +
-                          " and '" + name + "' " + range_str(e.begin, e.end) + " overlap");
+      fail_file(path, "tensors '" + printable(*prev) + "' " + range_str(f.index_.at(*prev).begin, expect) +
+                          " and '" + printable(name) + "' " + range_str(e.begin, e.end) + " overlap");
     // Starting after it leaves unaccounted bytes.
     if (e.begin > expect)
       fail_file(path, "hole of " + std::to_string(e.begin - expect) + " bytes in the data section " +
                           range_str(expect, e.begin) +
-                          (prev ? " between '" + *prev + "' and '" + name + "'"
-                                : " before the first tensor '" + name + "'"));
+                          (prev ? " between '" + printable(*prev) + "' and '" + printable(name) + "'"
+                                : " before the first tensor '" + printable(name) + "'"));
     expect = e.end;
     prev = &name;
     f.names_.push_back(name);
@@ -308,7 +364,7 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   // Bytes after the last tensor belong to nobody (the reference rejects them too).
   if (expect != data_size)
     fail_file(path, std::to_string(data_size - expect) + " trailing bytes in the data section" +
-                        (prev ? " after the last tensor '" + *prev + "'"
+                        (prev ? " after the last tensor '" + printable(*prev) + "'"
                               : std::string(" but the header declares no tensors")) +
                         " (data section is " + std::to_string(data_size) + " bytes, tensors end at " +
                         std::to_string(expect) + ")");
@@ -319,7 +375,7 @@ Tensor SafetensorsFile::get(const std::string& name) const {
   const auto it = index_.find(name);
   if (it == index_.end())
     throw Error(ErrorCode::kInvalidArgument, "safetensors.get",
-                path_ + ": no tensor named '" + name + "'");
+                path_ + ": no tensor named '" + printable(name) + "'");
   const Entry& e = it->second;
   // The mapping is PROT_READ: the view's pointer is non-const only because
   // TensorView is shared with writable tensors. Writing through it faults.
@@ -377,12 +433,13 @@ void SafetensorsWriter::add(const std::string& name, const TensorView& t) {
   uint64_t numel = 1;
   for (int64_t d : t.shape) {
     if (d < 0) fail_arg("tensor '" + name + "' has negative dim in shape " + shape_str(t.shape));
-    if (__builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel))
-      fail_arg("tensor '" + name + "' element count of shape " + shape_str(t.shape) + " overflows");
+    const auto p = checked_mul(numel, static_cast<uint64_t>(d));
+    if (!p) fail_arg("tensor '" + name + "' element count of shape " + shape_str(t.shape) + " overflows");
+    numel = *p;
   }
-  uint64_t bytes = 0;
-  if (__builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(t.dtype)), &bytes) ||
-      numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+  const auto bytes_or = checked_mul(numel, static_cast<uint64_t>(dtype_size(t.dtype)));
+  const uint64_t bytes = bytes_or.value_or(0);
+  if (!bytes_or || numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
     fail_arg("tensor '" + name + "' byte size of shape " + shape_str(t.shape) + " overflows");
   if (bytes > 0 && t.data == nullptr) fail_arg("tensor '" + name + "' has null data");
   tensors_.emplace_back(name, t);

@@ -46,6 +46,7 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
                 name + ": table must be F32/F16/BF16, got " + dtype_name(dense.dtype));
   const int64_t v = dense.size(0), h = dense.size(1);
   scheme.check_hidden(h, op, name);
+  scheme.table_bytes(v, h, op, name);  // every size below fits in int64
 
   const DType xt = dense.dtype, st = scheme.scale_dtype, pt = promote(xt, st);
   const int64_t g = scheme.groups(h), gl = scheme.group_len(h);
@@ -88,14 +89,17 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
     int64_t pending = 0;  // rows done since this worker last reported
     for (int64_t r = rb; r < re; ++r) {
       convert(static_cast<const char*>(dense.data) + r * h * dtype_size(xt), xt, x.data(), DType::kF32, h);
+      // A NaN or Inf row is reported (the first one found) and not quantized:
+      // converting its NaN codes to integers would be undefined.
+      if (!std::all_of(x.begin(), x.end(), [](float f) { return std::isfinite(f); })) {
+        int64_t expected = -1;
+        bad_row.compare_exchange_strong(expected, r);
+        continue;
+      }
       for (int64_t k = 0; k < g; ++k) {
         const float* xg = x.data() + k * gl;
         float mn = 0.0f, mx = 0.0f;
         for (int64_t j = 0; j < gl; ++j) {
-          if (!std::isfinite(xg[j])) {
-            int64_t expected = -1;
-            bad_row.compare_exchange_strong(expected, r);
-          }
           mn = std::min(mn, xg[j]);
           mx = std::max(mx, xg[j]);
         }
@@ -133,7 +137,7 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
     throw Error(ErrorCode::kInvalidArgument, op,
                 name + ": row " + std::to_string(bad_row.load()) + " holds a NaN or Inf; cannot quantize");
   if (!scheme.symmetric) {
-    out.zero_point = Tensor::empty(DType::kI32, {(v * scheme.bits + 31) / 32, g});
+    out.zero_point = Tensor::empty(DType::kI32, {scheme.zero_point_rows(v), g});
     pack_zero_points(zps.data(), v, g, scheme.bits, out.zero_point.ptr<int32_t>());
   }
   if (progress) progress(v, v);

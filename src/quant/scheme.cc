@@ -2,6 +2,7 @@
 
 #include <charconv>
 
+#include "qhead/checked.h"
 #include "qhead/error.h"
 
 namespace qhead {
@@ -26,6 +27,21 @@ void QuantScheme::check_hidden(int64_t h, const std::string& op, const std::stri
                 tensor + ": hidden size " + std::to_string(h) + " is not a multiple of group size " +
                     std::to_string(group_size) + " (scheme " + name() +
                     "); partial groups are not supported — pick a group size dividing H or per-row");
+}
+
+int64_t QuantScheme::table_bytes(int64_t v, int64_t h, const std::string& op, const std::string& tensor) const {
+  const int64_t g = groups(h);
+  const auto codes = checked_product({v, packed_cols(h), 4});
+  const auto scales = checked_product({v, g, static_cast<int64_t>(dtype_size(scale_dtype))});
+  const auto zeros = symmetric ? std::optional<int64_t>(0) : checked_product({zero_point_rows(v), g, 4});
+  std::optional<int64_t> total;
+  if (codes && scales && zeros)
+    if (const auto cs = checked_add(*codes, *scales)) total = checked_add(*cs, *zeros);
+  if (!total || v < 0 || h < 0 || g < 0)
+    throw Error(ErrorCode::kInvalidArgument, op,
+                tensor + ": a [" + std::to_string(v) + ", " + std::to_string(h) + "] table packed as " + name() +
+                    " has a byte size that does not fit in 64 bits");
+  return *total;
 }
 
 std::string QuantScheme::name() const {

@@ -2,9 +2,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 #include <nlohmann/json.hpp>
 
+#include "core/printable.h"
 #include "qhead/error.h"
 #include "qhead/parallel.h"
 #include "qhead/safetensors.h"
@@ -42,13 +44,18 @@ void PackedTable::validate(const std::string& where) const {
   if (!scheme.per_row() && hidden % scheme.group_size != 0)
     bad(where, "hidden size " + std::to_string(hidden) + " is not a multiple of group size " +
                    std::to_string(scheme.group_size));
+  try {
+    scheme.table_bytes(vocab, hidden, where, "table");
+  } catch (const Error& e) {
+    bad(where, e.what());
+  }
   const int64_t g = scheme.groups(hidden);
   expect_tensor(packed, DType::kI32, {vocab, scheme.packed_cols(hidden)}, where, "weight_packed");
   expect_tensor(scale, scheme.scale_dtype, {vocab, g}, where, "weight_scale");
   if (scheme.symmetric) {
     if (zero_point.defined()) bad(where, "weight_zero_point given for a symmetric scheme");
   } else {
-    expect_tensor(zero_point, DType::kI32, {(vocab * scheme.bits + 31) / 32, g}, where,
+    expect_tensor(zero_point, DType::kI32, {scheme.zero_point_rows(vocab), g}, where,
                   "weight_zero_point");
   }
   if (col_perm.defined()) expect_tensor(col_perm, DType::kI32, {hidden}, where, "col_perm");
@@ -191,10 +198,10 @@ namespace {
 std::pair<int64_t, int64_t> read_weight_shape(const SafetensorsFile& file, const std::string& prefix,
                                               const std::string& where) {
   const std::string name = prefix + ".weight_shape";
-  if (!file.contains(name)) bad(where, "missing tensor " + name);
+  if (!file.contains(name)) bad(where, "missing tensor " + printable(name));
   Tensor t = file.get(name);
   if (t.shape() != Shape{2} || (t.dtype() != DType::kI64 && t.dtype() != DType::kI32))
-    bad(where, name + ": expected I64 [2], got " + dtype_name(t.dtype()) + " " + shape_str(t.shape()));
+    bad(where, printable(name) + ": expected I64 [2], got " + dtype_name(t.dtype()) + " " + shape_str(t.shape()));
   int64_t dims[2];
   for (int i = 0; i < 2; ++i) {
     if (t.dtype() == DType::kI64) {
@@ -206,14 +213,14 @@ std::pair<int64_t, int64_t> read_weight_shape(const SafetensorsFile& file, const
     }
   }
   if (dims[0] < 0 || dims[1] <= 0 || dims[0] > (int64_t(1) << 40) || dims[1] > (int64_t(1) << 30))
-    bad(where, name + ": implausible shape [" + std::to_string(dims[0]) + ", " + std::to_string(dims[1]) + "]");
+    bad(where, printable(name) + ": implausible shape [" + std::to_string(dims[0]) + ", " + std::to_string(dims[1]) + "]");
   return {dims[0], dims[1]};
 }
 
 }  // namespace
 
 QuantScheme infer_scheme(const SafetensorsFile& file, const std::string& prefix) {
-  const std::string where = file.path() + ": " + prefix;
+  const std::string where = file.path() + ": " + printable(prefix);  // names come from the file
   // 1. qhead's own metadata entry, written by add_packed().
   auto it = file.metadata().find(scheme_metadata_key(prefix));
   if (it != file.metadata().end()) {
@@ -221,44 +228,60 @@ QuantScheme infer_scheme(const SafetensorsFile& file, const std::string& prefix)
     if (!j.is_object() || !j.contains("num_bits") || !j.contains("group_size") ||
         !j.contains("symmetric") || !j["num_bits"].is_number_integer() ||
         !j["group_size"].is_number_integer() || !j["symmetric"].is_boolean())
-      bad(where, "metadata " + it->first + " is not a valid scheme record: " + it->second);
+      bad(where, "metadata " + printable(it->first) + " is not a valid scheme record: " + printable(it->second));
+    // Range-checked before narrowing: an out-of-range number is an error, never truncated.
+    const auto in_int_range = [](const nlohmann::json& n) {
+      if (n.is_number_unsigned()) return n.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max());
+      const int64_t x = n.get<int64_t>();
+      return x >= std::numeric_limits<int>::min() && x <= std::numeric_limits<int>::max();
+    };
+    if (!in_int_range(j["num_bits"]) || !in_int_range(j["group_size"]))
+      bad(where, "metadata " + printable(it->first) + " has num_bits or group_size out of range: " +
+                     printable(it->second));
     QuantScheme s;
     s.bits = j["num_bits"].get<int>();
     s.group_size = j["group_size"].get<int>();
     s.symmetric = j["symmetric"].get<bool>();
+    try {
+      s.validate();
+    } catch (const Error& e) {
+      bad(where, "metadata " + printable(it->first) + ": " + e.what());
+    }
     const std::string sname = prefix + ".weight_scale";
-    if (!file.contains(sname)) bad(where, "missing tensor " + sname);
+    if (!file.contains(sname)) bad(where, "missing tensor " + printable(sname));
     s.scale_dtype = file.get(sname).dtype();
     return s;
   }
-  // 2. From shapes: the packed width gives the bits (4 or 8 only), the scale
-  //    columns the group size, a zero-point tensor asymmetry.
+  // 2. From shapes: the packed width gives the bits (any of 2..8, the widths
+  //    QuantScheme accepts: ceil(H·b/32) differs for every b once H >= 32),
+  //    the scale columns the group size, a zero-point tensor asymmetry.
   const auto [v, h] = read_weight_shape(file, prefix, where);
   const std::string pname = prefix + ".weight_packed", sname = prefix + ".weight_scale";
-  if (!file.contains(sname)) bad(where, "missing tensor " + sname);
+  if (!file.contains(sname)) bad(where, "missing tensor " + printable(sname));
   Tensor packed = file.get(pname), scale = file.get(sname);
   if (packed.shape().size() != 2 || scale.shape().size() != 2)
     bad(where, "weight_packed and weight_scale must be 2-D, got " + shape_str(packed.shape()) + " and " +
                    shape_str(scale.shape()));
   const int64_t width = packed.size(1);
   QuantScheme s;
+  std::string widths, matching;
   int matches = 0;
-  for (int b : {4, 8}) {
+  for (int b = 2; b <= 8; ++b) {
     QuantScheme c;
     c.bits = b;
+    widths += (b > 2 ? ", " : "") + std::to_string(b) + "-bit " + std::to_string(c.packed_cols(h));
     if (c.packed_cols(h) == width) {
       s.bits = b;
+      matching += (matches ? " or " : "") + std::to_string(b);
       ++matches;
     }
   }
   if (matches == 0)
-    bad(where, "weight_packed width " + std::to_string(width) + " matches neither 4-bit (" +
-                   std::to_string((h * 4 + 31) / 32) + ") nor 8-bit (" + std::to_string((h * 8 + 31) / 32) +
-                   ") packing of weight_shape H = " + std::to_string(h) +
-                   " (other bit widths need the scheme from the checkpoint config)");
+    bad(where, "weight_packed width " + std::to_string(width) + " matches no bit width 2..8 for weight_shape H = " +
+                   std::to_string(h) + " (" + widths + ")");
   if (matches > 1)
-    bad(where, "H = " + std::to_string(h) + " is too small to tell 4-bit from 8-bit by the packed width; "
-               "the scheme must come from the checkpoint config");
+    bad(where, "H = " + std::to_string(h) + " is too small to tell the bit width (" + matching +
+                   ") by the packed width; the scheme must come from the checkpoint config");
   const int64_t g = scale.size(1);
   if (g <= 0 || h % g != 0)
     bad(where, "weight_scale has " + std::to_string(g) + " columns, which does not divide H = " + std::to_string(h));
@@ -270,8 +293,8 @@ QuantScheme infer_scheme(const SafetensorsFile& file, const std::string& prefix)
 }
 
 Table load_packed(const SafetensorsFile& file, const std::string& prefix, std::optional<QuantScheme> scheme) {
-  const std::string where = file.path() + ": " + prefix;
-  if (!has_packed(file, prefix)) bad(where, "missing tensor " + prefix + ".weight_packed");
+  const std::string where = file.path() + ": " + printable(prefix);  // names come from the file
+  if (!has_packed(file, prefix)) bad(where, "missing tensor " + printable(prefix) + ".weight_packed");
   const QuantScheme s = scheme ? *scheme : infer_scheme(file, prefix);
   const auto [v, h] = read_weight_shape(file, prefix, where);
   PackedTable p;
@@ -280,14 +303,14 @@ Table load_packed(const SafetensorsFile& file, const std::string& prefix, std::o
   p.hidden = h;
   p.packed = file.get(prefix + ".weight_packed");
   const std::string sname = prefix + ".weight_scale";
-  if (!file.contains(sname)) bad(where, "missing tensor " + sname);
+  if (!file.contains(sname)) bad(where, "missing tensor " + printable(sname));
   p.scale = file.get(sname);
   const std::string zname = prefix + ".weight_zero_point";
   if (!s.symmetric) {
-    if (!file.contains(zname)) bad(where, "asymmetric scheme " + s.name() + " but no tensor " + zname);
+    if (!file.contains(zname)) bad(where, "asymmetric scheme " + s.name() + " but no tensor " + printable(zname));
     p.zero_point = file.get(zname);
   } else if (file.contains(zname)) {
-    bad(where, "symmetric scheme " + s.name() + " but the file has " + zname);
+    bad(where, "symmetric scheme " + s.name() + " but the file has " + printable(zname));
   }
   return Table::packed(std::move(p), where);
 }
