@@ -2,7 +2,7 @@
 # Installs qhead's build and test dependencies from Debian's packages.
 # Safe to run repeatedly; skips apt-get when everything is already present.
 set -euo pipefail
-pkgs=(cmake g++ make pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev)
+pkgs=(cmake g++ make pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev libre2-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
