@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "qhead/error.h"
 #include "qhead/model.h"
 #include "qhead/model_write.h"
+#include "test_util.h"
 
 namespace qhead {
 namespace {
@@ -374,6 +376,20 @@ TEST_F(HostileModelDir, SymlinkLoopsAreOneLineErrors) {
   fs::create_symlink("loop", d);
   expect_error([&] { inspect_model(d.string()); }, ErrorCode::kIo, {"loop", "symbolic links"});
   expect_error([&] { load_model_tables(d.string()); }, ErrorCode::kIo, {"loop", "symbolic links"});
+  ModelWriteOptions o;
+  o.head_scheme = "w4g32";
+  expect_error([&] { write_quantized_model(d.string(), (root_ / "out").string(), o); }, ErrorCode::kIo,
+               {"loop", "symbolic links"});
+  // The CLI reports them as library errors (exit 2), in one line.
+  for (const std::string& cmd : std::vector<std::string>{"inspect ", "quantize --head w4g32 --output " + (root_ / "out").string() + " "}) {
+    const test::CliRun r = test::run_cli(cmd + d.string(), root_);
+    EXPECT_EQ(r.status, 2) << cmd << r.err;
+    EXPECT_NE(r.err.find("symbolic links"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  }
+  const test::CliRun r = test::run_cli("inspect " + dir(), root_);
+  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_NE(r.err.find("config.json: cannot be read: Too many levels of symbolic links"), std::string::npos) << r.err;
   // quantize_config.json of a GPTQ directory.
   fs::remove_all(dir_);
   fs::create_directories(dir_);

@@ -777,6 +777,8 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
                                   " dense (no " + module_of(info.head.tensor) + ".qweight)");
   } else if (!qc.is_null()) {
     info.compressed_tensors = true;
+    // Read whether or not a group matches a role (quantize carries the format over).
+    (void)io::json_opt_string(qc, "quantization_config", "format", cfgw, "");
     auto decide = [&](ModelInfo::Role& role, const char* cls) {
       const auto grp = match_group(qc, module_of(role.tensor), cls, cfgw);
       std::optional<QuantScheme> s = grp ? scheme_of(qc, *grp, role.tensor, cfgw) : std::nullopt;

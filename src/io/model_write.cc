@@ -375,8 +375,12 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   const fs::path dir(dir_s), out(out_s);
 
   // ---- input kind -------------------------------------------------------------------
-  if (!fs::exists(dir)) fail(ErrorCode::kIo, dir_s, "does not exist");
-  if (!fs::is_directory(dir)) {
+  std::error_code kind_ec;
+  const fs::file_status kind = fs::status(dir, kind_ec);
+  if (kind_ec && kind_ec != std::errc::no_such_file_or_directory && kind_ec != std::errc::not_a_directory)
+    fail(ErrorCode::kIo, dir_s, "cannot be read: " + kind_ec.message());
+  if (!fs::exists(kind)) fail(ErrorCode::kIo, dir_s, "does not exist");
+  if (!fs::is_directory(kind)) {
     if (dir.extension() == ".gguf" || has_gguf_magic(dir))
       fail(ErrorCode::kUnsupported, dir_s,
            "GGUF is not supported as a quantize input (qhead reads GGUF tables but writes compressed-tensors "
