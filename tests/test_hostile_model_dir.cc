@@ -334,6 +334,10 @@ TEST_F(HostileModelDir, GptqIntegersAreRangeChecked) {
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kInvalidFile, {"config.json", "group_size is 4294967328", "outside the range"});
   with([](json& q) { q["dynamic"]["lm_head"]["group_size"] = (uint64_t(1) << 32) + 32; });
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kInvalidFile, {"config.json", "dynamic[\"lm_head\"].group_size is 4294967328"});
+  with([](json& q) { q["lm_head"] = "yes"; });
+  expect_error([&] { inspect_model(dir()); }, ErrorCode::kInvalidFile, {"config.json", "lm_head has an unexpected type (a string"});
+  with([](json& q) { q["dynamic"] = json::array({"lm_head"}); });
+  expect_error([&] { inspect_model(dir()); }, ErrorCode::kInvalidFile, {"config.json", "dynamic is not an object"});
   with([](json& q) { q["dynamic"]["lm_head"]["bits"] = 4.5; });
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kInvalidFile, {"config.json", "dynamic[\"lm_head\"].bits is 4.5, not an integer"});
 }

@@ -415,8 +415,8 @@ GptqConfig parse_gptq_config(const json& qc, const std::string& where) {
   if (fmt == "gptq") g.version = 1;
   else if (fmt == "gptq_v2") g.version = 2;
   else unsupported(where, "GPTQ checkpoint_format " + quote_bytes(fmt) + "; " + supported);
-  if (qc.contains("lm_head") && qc["lm_head"].is_boolean()) {
-    g.lm_head = qc["lm_head"].get<bool>();
+  if (qc.contains("lm_head") && !qc["lm_head"].is_null()) {
+    g.lm_head = io::json_opt_bool(qc, "", "lm_head", where, false);
     g.lm_head_given = true;
   }
   return g;
@@ -783,7 +783,7 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
       const auto grp = match_group(qc, module_of(role.tensor), cls, cfgw);
       std::optional<QuantScheme> s = grp ? scheme_of(qc, *grp, role.tensor, cfgw) : std::nullopt;
       if (s && !role.packed)
-        invalid(role.file, cfgw + " quantizes " + module_of(role.tensor) + " (config group " + grp->name + ", " +
+        invalid(role.file, cfgw + " quantizes " + module_of(role.tensor) + " (config group " + escape_bytes(grp->name, 100) + ", " +
                                s->name() + ") but the checkpoint stores it dense as " + role.tensor);
       if (!s && role.packed)
         invalid(role.file, "the checkpoint stores " + module_of(role.tensor) + ".weight_packed but " + cfgw +
