@@ -6,10 +6,12 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <system_error>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "commands.h"
+#include "qhead/error.h"
 #include "qhead/gguf.h"
 #include "qhead/model.h"
 #include "qhead/safetensors.h"
@@ -42,6 +44,17 @@ std::string human_bytes(double b) {
 }
 
 namespace {
+
+// Whether `p` is a directory; a path stat cannot resolve (a link loop, no
+// permission) is a qhead::Error, not a std::filesystem exception.
+bool is_directory_checked(const std::string& p) {
+  std::error_code ec;
+  const bool d = std::filesystem::is_directory(p, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+    throw qhead::Error(qhead::ErrorCode::kIo, p, "cannot be read: " + ec.message());
+  return d;
+}
+
 
 const std::string kPackedSuffix = ".weight_packed";
 
@@ -163,7 +176,7 @@ int inspect_gguf(const InspectArgs& a) {
 }  // namespace
 
 int run_inspect(const InspectArgs& a) {
-  if (std::filesystem::is_directory(a.file)) return inspect_model_dir(a);
+  if (is_directory_checked(a.file)) return inspect_model_dir(a);
   if (ends_with(a.file, ".gguf")) return inspect_gguf(a);
   const SafetensorsFile f = SafetensorsFile::open(a.file);
 

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <system_error>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -27,6 +28,17 @@
 namespace qhead::cli {
 
 namespace {
+
+// Whether `p` is a directory; a path stat cannot resolve (a link loop, no
+// permission) is a qhead::Error, not a std::filesystem exception.
+bool is_directory_checked(const std::string& p) {
+  std::error_code ec;
+  const bool d = std::filesystem::is_directory(p, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+    throw qhead::Error(qhead::ErrorCode::kIo, p, "cannot be read: " + ec.message());
+  return d;
+}
+
 
 DType parse_scale_dtype(const std::string& s) {
   if (s == "f16") return DType::kF16;
@@ -66,7 +78,7 @@ nlohmann::json role_json(const ModelWriteReport::Role& r) {
 }  // namespace
 
 nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
-  if (std::filesystem::is_directory(a.input) && (!a.tensor.empty() || !a.scheme.empty()))
+  if (is_directory_checked(a.input) && (!a.tensor.empty() || !a.scheme.empty()))
     throw Error(ErrorCode::kInvalidArgument, "quantize",
                 a.input + " is a model directory: give --embedding SCHEME and/or --head SCHEME (--tensor/--scheme "
                           "select one tensor of a .safetensors file)");
@@ -220,7 +232,7 @@ void print_model_summary(const nlohmann::json& j) {
 }  // namespace
 
 int run_quantize(const QuantizeArgs& a) {
-  if (std::filesystem::is_directory(a.input) || looks_gguf(a.input)) {
+  if (is_directory_checked(a.input) || looks_gguf(a.input)) {
     // A GGUF file goes to the library, which says what it takes instead.
     const nlohmann::json j = quantize_model_dir(a, /*progress=*/true);
     if (a.json) fmt::print("{}\n", j.dump(2));

@@ -3,7 +3,7 @@
 # Safe to run repeatedly; skips apt-get when everything is already present.
 set -euo pipefail
 # clang + libclang-rt-14-dev: the libFuzzer targets (scripts/fuzz.sh, the third stage of scripts/run-tests.sh).
-pkgs=(cmake g++ make pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev clang libclang-rt-14-dev)
+pkgs=(cmake g++ make pkg-config libgtest-dev nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev libre2-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

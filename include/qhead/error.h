@@ -6,8 +6,10 @@
 // known. Only the CLI turns an Error into an exit status.
 #pragma once
 
+#include <cstddef>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace qhead {
 
@@ -33,5 +35,15 @@ class Error : public std::runtime_error {
  private:
   ErrorCode code_;
 };
+
+// Bytes from a file (a tensor name, a JSON key, a pattern) made safe to put
+// into a message: in double quotes, `"` and `\` escaped, every byte outside
+// printable ASCII written \xNN, and a string longer than `max_bytes` cut
+// there with "…" and its full length appended.
+std::string quote_bytes(std::string_view bytes, size_t max_bytes = 200);
+
+// The same escaping without the quotes (for text that quotes file bytes
+// itself, such as a JSON parser's message).
+std::string escape_bytes(std::string_view bytes, size_t max_bytes = 200);
 
 }  // namespace qhead

@@ -10,11 +10,12 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <regex>
-#include <sstream>
+#include <sys/stat.h>
 #include <vector>
 
 #include "qhead/checked.h"
+#include "io/json_file.h"
+#include "io/pattern.h"
 #include "qhead/error.h"
 #include "qhead/parallel.h"
 #include "qhead/safetensors.h"
@@ -33,16 +34,22 @@ using nlohmann::json;
   throw Error(ErrorCode::kUnsupported, where, what);
 }
 
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) throw Error(ErrorCode::kInvalidFile, p.string(), "cannot open (a model directory needs it)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) invalid(p.string(), "is not valid JSON");
-  if (!j.is_object()) invalid(p.string(), "is not a JSON object");
-  return j;
+json read_json(const fs::path& p) { return io::read_json_object(p.string()); }
+
+// Whether `p` exists (a dangling link counts as absent), as an Error for
+// what stat cannot tell (a link loop, a name too long, no permission): never
+// a std::filesystem exception.
+bool path_exists(const fs::path& p) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(p, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+    throw Error(ErrorCode::kIo, p.string(), "cannot be read: " + ec.message());
+  return fs::exists(st);
 }
+
+// At most this many distinct shards in an index (the largest published
+// checkpoints have a few hundred): each is mapped and its header parsed.
+constexpr size_t kMaxShards = 16384;
 
 // ---- the tensors of a directory (one file or shards) -------------------------
 
@@ -59,33 +66,54 @@ Files open_files(const fs::path& dir) {
   Files f;
   const fs::path single = dir / "model.safetensors";
   const fs::path index = dir / "model.safetensors.index.json";
-  if (fs::exists(index)) {
+  if (path_exists(index)) {
+    const std::string iw = index.string();
     const json j = read_json(index);
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      invalid(index.string(), "has no object \"weight_map\"");
+      invalid(iw, "has no object \"weight_map\"" +
+                      (j.contains("weight_map") ? " (it is " + io::json_kind(j["weight_map"]) + ")" : std::string()));
     std::map<std::string, size_t> shard_ix;
+    std::map<std::pair<dev_t, ino_t>, std::string> shard_files;  // (device, inode) -> shard name
     for (const auto& [tensor, shard] : j["weight_map"].items()) {
-      if (!shard.is_string()) invalid(index.string(), "weight_map[\"" + tensor + "\"] is not a file name");
+      const std::string entry = "weight_map[" + quote_bytes(tensor) + "]";
+      if (!shard.is_string())
+        invalid(iw, entry + " is " + io::json_kind(shard) + ", not a file name");
       const std::string s = shard.get<std::string>();
-      if (s.empty() || s.find('/') != std::string::npos || s == "." || s == "..")
-        invalid(index.string(), "weight_map[\"" + tensor + "\"] names \"" + s + "\", not a file in the directory");
+      // A plain file name inside the directory: no path, no parent, no NUL
+      // (the name would end there when opened), no control characters.
+      const bool plain = !s.empty() && s != "." && s != ".." &&
+                         std::none_of(s.begin(), s.end(), [](char c) { return c == '/' || static_cast<unsigned char>(c) < 0x20; });
+      if (!plain)
+        invalid(iw, entry + " names " + quote_bytes(s) + ", not a plain file name in the directory");
       auto it = shard_ix.find(s);
       if (it == shard_ix.end()) {
         const fs::path sp = dir / s;
-        if (!fs::exists(sp))
-          invalid(index.string(), "shard " + s + " (holding " + tensor + ") is missing from " + dir.string());
+        struct stat st {};
+        if (::stat(sp.c_str(), &st) != 0) {
+          const int e = errno;
+          if (e == ENOENT)
+            invalid(iw, "shard " + escape_bytes(s) + " (holding " + quote_bytes(tensor) + ") is missing from " + dir.string());
+          throw Error(ErrorCode::kIo, sp.string(), std::string("cannot be read (") + entry + "): " + std::strerror(e));
+        }
+        if (!S_ISREG(st.st_mode))
+          invalid(iw, entry + " names " + quote_bytes(s) + ", which is not a regular file");
+        const auto [fit, fresh] = shard_files.emplace(std::make_pair(st.st_dev, st.st_ino), s);
+        if (!fresh)
+          invalid(iw, "shards " + quote_bytes(fit->second) + " and " + quote_bytes(s) + " are the same file; each shard must be its own file");
+        if (shard_ix.size() >= kMaxShards)
+          unsupported(iw, "names more than " + std::to_string(kMaxShards) + " shards; qhead reads at most that many");
         it = shard_ix.emplace(s, f.files.size()).first;
         f.files.push_back(SafetensorsFile::open(sp.string()));
       }
       const SafetensorsFile& sf = f.files[it->second];
       if (!sf.contains(tensor))
-        invalid(index.string(), "names tensor " + tensor + " in shard " + s + ", but " + sf.path() + " does not hold it");
+        invalid(iw, "names tensor " + quote_bytes(tensor) + " in shard " + quote_bytes(s) + ", but " + sf.path() + " does not hold it");
       f.where[tensor] = it->second;
     }
     // Tensors a shard holds beyond the index are still usable.
     for (size_t i = 0; i < f.files.size(); ++i)
       for (const auto& n : f.files[i].names()) f.where.emplace(n, i);
-  } else if (fs::exists(single)) {
+  } else if (path_exists(single)) {
     f.files.push_back(SafetensorsFile::open(single.string()));
     for (const auto& n : f.files[0].names()) f.where[n] = 0;
   } else {
@@ -145,19 +173,21 @@ std::string module_of(const std::string& weight) { return packed_prefix(weight);
 
 bool is_regex(const std::string& t) { return t.rfind("re:", 0) == 0; }
 
-// Python re.match: anchored at the start, not the end.
-bool regex_match_start(const std::string& pattern, const std::string& name, const std::string& where) {
-  try {
-    const std::regex re(pattern, std::regex::ECMAScript);
-    return std::regex_search(name, re, std::regex_constants::match_continuous);
-  } catch (const std::regex_error& e) {
-    unsupported(where, "regex \"" + pattern + "\" is not understood (" + e.what() + ")");
-  }
+// Python re.match (compressed-tensors' match_name, GPTQModel's dynamic rules):
+// anchored at the start, not the end. `what` names the key holding the pattern.
+bool regex_match_start(const std::string& pattern, const std::string& name, const std::string& where,
+                       const std::string& what) {
+  return io::pattern_match_start(pattern, name, where, what);
 }
 
-bool name_matches(const std::string& target, const std::string& name, const std::string& where) {
-  return is_regex(target) ? regex_match_start(target.substr(3), name, where) : target == name;
+bool name_matches(const std::string& target, const std::string& name, const std::string& where, const std::string& what) {
+  return is_regex(target) ? regex_match_start(target.substr(3), name, where, what) : target == name;
 }
+
+// At most this many config groups, and ignore entries plus targets, in a
+// compressed-tensors config (real ones have a handful of groups).
+constexpr size_t kMaxConfigGroups = 4096;
+constexpr size_t kMaxTargets = 65536;
 
 bool class_matches(const std::string& target, const std::string& cls) {
   return target == cls || target == "Module";
@@ -172,23 +202,40 @@ struct CtGroup {
 // compressed-tensors' apply_quantization_config picks it.
 std::optional<CtGroup> match_group(const json& qc, const std::string& module, const std::string& cls,
                                    const std::string& where) {
-  if (qc.contains("ignore") && qc["ignore"].is_array()) {
+  const std::string ignore_key = "quantization_config.ignore";
+  if (qc.contains("ignore") && !qc["ignore"].is_null()) {
+    if (!qc["ignore"].is_array())
+      invalid(where, ignore_key + " is " + io::json_kind(qc["ignore"]) + ", expected a list of strings");
+    if (qc["ignore"].size() > kMaxTargets)
+      unsupported(where, ignore_key + " has " + std::to_string(qc["ignore"].size()) + " entries; qhead reads at most " +
+                             std::to_string(kMaxTargets));
     for (const auto& ig : qc["ignore"]) {
-      if (!ig.is_string()) continue;
+      if (!ig.is_string()) invalid(where, ignore_key + " holds " + io::json_kind(ig) + ", expected strings");
       const std::string t = ig.get<std::string>();
-      if (name_matches(t, module, where) || class_matches(t, cls)) return std::nullopt;
+      if (name_matches(t, module, where, ignore_key) || class_matches(t, cls)) return std::nullopt;
     }
   }
-  if (!qc.contains("config_groups") || !qc["config_groups"].is_object()) return std::nullopt;
+  if (!qc.contains("config_groups") || qc["config_groups"].is_null()) return std::nullopt;
+  if (!qc["config_groups"].is_object())
+    invalid(where, "quantization_config.config_groups is " + io::json_kind(qc["config_groups"]) + ", expected an object");
+  if (qc["config_groups"].size() > kMaxConfigGroups)
+    unsupported(where, "quantization_config.config_groups has " + std::to_string(qc["config_groups"].size()) +
+                           " groups; qhead reads at most " + std::to_string(kMaxConfigGroups));
   // target -> group; a later group naming the same target wins (an OrderedDict update).
   std::vector<std::string> order;
   std::map<std::string, std::string> target_group;
+  size_t n_targets = 0;
   for (const auto& [g, s] : qc["config_groups"].items()) {
-    if (!s.is_object()) invalid(where, "quantization_config.config_groups." + g + " is not an object");
+    const std::string key = "quantization_config.config_groups." + escape_bytes(g, 100);
+    if (!s.is_object()) invalid(where, key + " is not an object");
     if (!s.contains("targets") || !s["targets"].is_array())
-      invalid(where, "quantization_config.config_groups." + g + ".targets is missing or not a list");
+      invalid(where, key + ".targets is missing or not a list");
+    n_targets += s["targets"].size();
+    if (n_targets > kMaxTargets)
+      unsupported(where, "quantization_config.config_groups name more than " + std::to_string(kMaxTargets) +
+                             " targets; qhead reads at most that many");
     for (const auto& t : s["targets"]) {
-      if (!t.is_string()) invalid(where, "quantization_config.config_groups." + g + ".targets holds a non-string");
+      if (!t.is_string()) invalid(where, key + ".targets holds a non-string (" + io::json_kind(t) + ")");
       const std::string ts = t.get<std::string>();
       if (!target_group.count(ts)) order.push_back(ts);
       target_group[ts] = g;
@@ -201,7 +248,7 @@ std::optional<CtGroup> match_group(const json& qc, const std::string& module, co
   });
   std::optional<std::string> hit;
   for (const auto& t : sorted)
-    if (name_matches(t, module, where)) { hit = t; break; }
+    if (name_matches(t, module, where, "quantization_config.config_groups.*.targets")) { hit = t; break; }
   if (!hit)
     for (const auto& t : sorted)
       if (class_matches(t, cls)) { hit = t; break; }
@@ -213,9 +260,9 @@ std::optional<CtGroup> match_group(const json& qc, const std::string& module, co
 // The QuantScheme a matched group gives `tensor` (scale dtype filled in later).
 std::optional<QuantScheme> scheme_of(const json& qc, const CtGroup& grp, const std::string& tensor,
                                      const std::string& where) {
-  const std::string key = "quantization_config.config_groups." + grp.name;
-  std::string format = qc.value("format", std::string("pack-quantized"));
-  if (grp.scheme.contains("format") && grp.scheme["format"].is_string()) format = grp.scheme["format"].get<std::string>();
+  const std::string key = "quantization_config.config_groups." + escape_bytes(grp.name, 100);
+  std::string format = io::json_opt_string(qc, "quantization_config", "format", where, "pack-quantized");
+  format = io::json_opt_string(grp.scheme, key, "format", where, format);
   const json w = grp.scheme.contains("weights") ? grp.scheme["weights"] : json();
   if (w.is_null()) return std::nullopt;  // activation-only group: weights stay dense
   if (!w.is_object()) invalid(where, key + ".weights is not an object");
@@ -223,33 +270,32 @@ std::optional<QuantScheme> scheme_of(const json& qc, const CtGroup& grp, const s
       "qhead reads compressed-tensors format pack-quantized with weights type int, num_bits 2..8, "
       "strategy group or channel, actorder none or \"weight\"";
   if (format != "pack-quantized")
-    unsupported(where, tensor + " is quantized by " + key + " in format \"" + format + "\"; " + supported);
-  const std::string type = w.value("type", std::string("int"));
-  if (type != "int") unsupported(where, tensor + ": " + key + ".weights.type is \"" + type + "\"; " + supported);
-  if (!w.contains("num_bits") || !w["num_bits"].is_number_integer())
-    invalid(where, key + ".weights.num_bits is missing or not an integer");
-  const int bits = w["num_bits"].get<int>();
+    unsupported(where, tensor + " is quantized by " + key + " in format " + quote_bytes(format) + "; " + supported);
+  const std::string type = io::json_opt_string(w, key + ".weights", "type", where, "int");
+  if (type != "int") unsupported(where, tensor + ": " + key + ".weights.type is " + quote_bytes(type) + "; " + supported);
+  if (!w.contains("num_bits") || w["num_bits"].is_null()) invalid(where, key + ".weights.num_bits is missing");
+  const int bits = static_cast<int>(io::json_int(w["num_bits"], key + ".weights.num_bits", where, INT32_MIN, INT32_MAX));
   if (bits < 2 || bits > 8)
     unsupported(where, tensor + ": " + key + ".weights.num_bits is " + std::to_string(bits) + "; " + supported);
   // actorder "weight" (alias "static") only changed the calibration order: the
   // stored format is the plain one. "group" (alias "dynamic") needs a g_idx.
   if (w.contains("actorder") && !w["actorder"].is_null() && w["actorder"] != false &&
       w["actorder"] != "weight" && w["actorder"] != "static")
-    unsupported(where, tensor + ": " + key + ".weights.actorder is " + w["actorder"].dump() + "; " + supported);
+    unsupported(where, tensor + ": " + key + ".weights.actorder is " + quote_bytes(w["actorder"].dump()) + "; " + supported);
   if (w.value("dynamic", json(false)) != json(false))
-    unsupported(where, tensor + ": " + key + ".weights.dynamic is " + w["dynamic"].dump() + "; " + supported);
-  const std::string strategy = w.value("strategy", std::string("tensor"));
+    unsupported(where, tensor + ": " + key + ".weights.dynamic is " + quote_bytes(w["dynamic"].dump()) + "; " + supported);
+  const std::string strategy = io::json_opt_string(w, key + ".weights", "strategy", where, "tensor");
   QuantScheme s;
   s.bits = bits;
-  s.symmetric = w.value("symmetric", true);
+  s.symmetric = io::json_opt_bool(w, key + ".weights", "symmetric", where, true);
   if (strategy == "group") {
-    if (!w.contains("group_size") || !w["group_size"].is_number_integer() || w["group_size"].get<int>() <= 0)
+    if (!w.contains("group_size") || w["group_size"].is_null())
       invalid(where, key + ".weights.group_size must be a positive integer for strategy group");
-    s.group_size = w["group_size"].get<int>();
+    s.group_size = static_cast<int>(io::json_int(w["group_size"], key + ".weights.group_size", where, 1, INT32_MAX));
   } else if (strategy == "channel") {
     s.group_size = -1;
   } else {
-    unsupported(where, tensor + ": " + key + ".weights.strategy is \"" + strategy + "\"; " + supported);
+    unsupported(where, tensor + ": " + key + ".weights.strategy is " + quote_bytes(strategy) + "; " + supported);
   }
   return s;
 }
@@ -303,22 +349,21 @@ std::optional<GptqConfig> GptqConfig::for_module(const std::string& module) cons
   for (const auto& [pattern, rule] : dynamic) {
     const bool negative = pattern.rfind("-:", 0) == 0;
     const std::string re = (negative || pattern.rfind("+:", 0) == 0) ? pattern.substr(2) : pattern;
-    if (!regex_match_start(re, module, where)) continue;
+    const std::string key = "dynamic[" + quote_bytes(pattern) + "]";
+    if (!regex_match_start(re, module, where, "dynamic")) continue;
     if (negative) return std::nullopt;
     GptqConfig c = *this;
     c.dynamic.clear();
-    if (!rule.is_object()) invalid(where, "dynamic[\"" + pattern + "\"] is not an object");
+    if (!rule.is_object()) invalid(where, key + " is not an object");
     if (rule.contains("bits")) {
-      if (!rule["bits"].is_number_integer()) invalid(where, "dynamic[\"" + pattern + "\"].bits is not an integer");
-      c.bits = rule["bits"].get<int>();
+      c.bits = static_cast<int>(io::json_int(rule["bits"], key + ".bits", where, INT32_MIN, INT32_MAX));
       if (c.bits != 2 && c.bits != 4 && c.bits != 8)
-        unsupported(where, "GPTQ bits " + std::to_string(c.bits) + " for " + module + " (dynamic[\"" + pattern +
-                               "\"]); qhead reads GPTQ bits 2, 4 or 8");
+        unsupported(where, "GPTQ bits " + std::to_string(c.bits) + " for " + quote_bytes(module) + " (" + key +
+                               "); qhead reads GPTQ bits 2, 4 or 8");
     }
     if (rule.contains("group_size")) {
-      if (!rule["group_size"].is_number_integer()) invalid(where, "dynamic[\"" + pattern + "\"].group_size is not an integer");
-      c.group_size = rule["group_size"].get<int>();
-      if (c.group_size == 0 || c.group_size < -1) invalid(where, "dynamic[\"" + pattern + "\"].group_size is " + std::to_string(c.group_size));
+      c.group_size = static_cast<int>(io::json_int(rule["group_size"], key + ".group_size", where, INT32_MIN, INT32_MAX));
+      if (c.group_size == 0 || c.group_size < -1) invalid(where, key + ".group_size is " + std::to_string(c.group_size));
     }
     return c;
   }
@@ -327,20 +372,26 @@ std::optional<GptqConfig> GptqConfig::for_module(const std::string& module) cons
 
 // The "dynamic" rules of a quantization config in file order (nlohmann::json
 // sorts object keys; the first matching rule must win as in GPTQModel).
+// At most this many dynamic rules (one per module of a large model is a few thousand).
+constexpr size_t kMaxDynamicRules = 65536;
+
 std::vector<std::pair<std::string, json>> dynamic_rules(const fs::path& file, bool nested) {
-  std::ifstream in(file);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const nlohmann::ordered_json j = nlohmann::ordered_json::parse(ss.str(), nullptr, false);
+  const nlohmann::ordered_json j = io::read_ordered_json_object(file.string());
   std::vector<std::pair<std::string, json>> out;
-  if (j.is_discarded()) return out;
   const nlohmann::ordered_json* q = &j;
   if (nested) {
     if (!j.contains("quantization_config")) return out;
     q = &j["quantization_config"];
   }
-  if (!q->is_object() || !q->contains("dynamic") || !(*q)["dynamic"].is_object()) return out;
-  for (const auto& [k, v] : (*q)["dynamic"].items()) out.emplace_back(k, json::parse(v.dump()));
+  if (!q->is_object() || !q->contains("dynamic") || (*q)["dynamic"].is_null()) return out;
+  const nlohmann::ordered_json& d = (*q)["dynamic"];
+  if (!d.is_object()) invalid(file.string(), "dynamic is not an object (pattern -> overrides)");
+  if (d.size() > kMaxDynamicRules)
+    unsupported(file.string(), "dynamic has " + std::to_string(d.size()) + " rules; qhead reads at most " +
+                                   std::to_string(kMaxDynamicRules));
+  // Each rule's value is at most kMaxJsonDepth deep (the reader's bound), so
+  // the dump and parse below stay shallow.
+  for (const auto& [k, v] : d.items()) out.emplace_back(k, json::parse(v.dump()));
   return out;
 }
 
@@ -349,13 +400,12 @@ GptqConfig parse_gptq_config(const json& qc, const std::string& where) {
   g.where = where;
   const std::string supported = "qhead reads GPTQ checkpoints with bits 2, 4 or 8, group_size -1 or a positive "
                                 "divisor of the hidden size, checkpoint_format gptq (v1) or gptq_v2";
-  if (!qc.contains("bits") || !qc["bits"].is_number_integer()) invalid(where, "quantization config has no integer \"bits\"");
-  g.bits = qc["bits"].get<int>();
+  if (!qc.contains("bits") || qc["bits"].is_null()) invalid(where, "quantization config has no integer \"bits\"");
+  g.bits = static_cast<int>(io::json_int(qc["bits"], "bits", where, INT32_MIN, INT32_MAX));
   if (g.bits != 2 && g.bits != 4 && g.bits != 8)
     unsupported(where, "GPTQ bits " + std::to_string(g.bits) + " (3-bit GPTQ packs across words); " + supported);
   if (qc.contains("group_size")) {
-    if (!qc["group_size"].is_number_integer()) invalid(where, "\"group_size\" is not an integer");
-    g.group_size = qc["group_size"].get<int>();
+    g.group_size = static_cast<int>(io::json_int(qc["group_size"], "group_size", where, INT32_MIN, INT32_MAX));
     if (g.group_size == 0 || g.group_size < -1) invalid(where, "\"group_size\" is " + std::to_string(g.group_size));
   }
   // The zero-point convention: GPTQModel writes checkpoint_format (older
@@ -365,9 +415,9 @@ GptqConfig parse_gptq_config(const json& qc, const std::string& where) {
     if (qc.contains(k) && qc[k].is_string()) { fmt = qc[k].get<std::string>(); break; }
   if (fmt == "gptq") g.version = 1;
   else if (fmt == "gptq_v2") g.version = 2;
-  else unsupported(where, "GPTQ checkpoint_format \"" + fmt + "\"; " + supported);
-  if (qc.contains("lm_head") && qc["lm_head"].is_boolean()) {
-    g.lm_head = qc["lm_head"].get<bool>();
+  else unsupported(where, "GPTQ checkpoint_format " + quote_bytes(fmt) + "; " + supported);
+  if (qc.contains("lm_head") && !qc["lm_head"].is_null()) {
+    g.lm_head = io::json_opt_bool(qc, "", "lm_head", where, false);
     g.lm_head_given = true;
   }
   return g;
@@ -551,11 +601,14 @@ std::pair<int64_t, int64_t> stored_shape(const Files& f, const ModelInfo::Role& 
   return {s.ptr<int32_t>()[0], s.ptr<int32_t>()[1]};
 }
 
-std::optional<int64_t> int_key(const json& cfg, std::initializer_list<const char*> keys, std::string* which) {
+// The first of `keys` that `cfg` has (not null), read as a positive integer:
+// a size key of another type or out of range is an Error, never skipped.
+std::optional<int64_t> int_key(const json& cfg, std::initializer_list<const char*> keys, std::string* which,
+                               const std::string& path, const std::string& file) {
   for (const char* k : keys) {
-    if (cfg.contains(k) && cfg[k].is_number_integer()) {
+    if (cfg.contains(k) && !cfg[k].is_null()) {
       *which = k;
-      return cfg[k].get<int64_t>();
+      return io::json_int(cfg[k], path + k, file, 1, INT64_MAX);
     }
   }
   return std::nullopt;
@@ -563,9 +616,15 @@ std::optional<int64_t> int_key(const json& cfg, std::initializer_list<const char
 
 Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
   const fs::path dir(dir_s);
-  if (!fs::is_directory(dir)) throw Error(ErrorCode::kIo, dir_s, "is not a directory");
+  {
+    std::error_code ec;
+    const bool is_dir = fs::is_directory(dir, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+      throw Error(ErrorCode::kIo, dir_s, "cannot be read: " + ec.message());
+    if (!is_dir) throw Error(ErrorCode::kIo, dir_s, "is not a directory");
+  }
   const fs::path cfg_path = dir / "config.json";
-  if (!fs::exists(cfg_path)) invalid(cfg_path.string(), "is missing (a model directory needs config.json)");
+  if (!path_exists(cfg_path)) invalid(cfg_path.string(), "is missing (a model directory needs config.json)");
   const std::string cfgw = cfg_path.string();
   const json cfg_top = read_json(cfg_path);
 
@@ -573,15 +632,16 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
   ModelInfo& info = r.info;
   const Files& files = r.files;
   info.dir = dir_s;
-  info.model_type = cfg_top.value("model_type", json("")).is_string() ? cfg_top.value("model_type", std::string()) : "";
+  info.model_type = io::json_opt_string(cfg_top, "", "model_type", cfgw, "");
   if (cfg_top.contains("architectures") && cfg_top["architectures"].is_array() && !cfg_top["architectures"].empty() &&
       cfg_top["architectures"][0].is_string())
     info.architecture = cfg_top["architectures"][0].get<std::string>();
   else
     info.architecture = info.model_type;
   // Multimodal wrappers (Gemma 3) keep the text model's sizes in text_config.
-  const json& cfg = (!cfg_top.contains("vocab_size") && cfg_top.contains("text_config") && cfg_top["text_config"].is_object())
-                        ? cfg_top["text_config"] : cfg_top;
+  const bool in_text = !cfg_top.contains("vocab_size") && cfg_top.contains("text_config") && cfg_top["text_config"].is_object();
+  const json& cfg = in_text ? cfg_top["text_config"] : cfg_top;
+  const std::string cfg_key = in_text ? "text_config." : "";
 
   const Family* fam = family_of(info.model_type, info.architecture);
   auto pick = [&](const std::vector<std::string>& cands) -> std::string {
@@ -592,8 +652,8 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
   std::string emb_name = ov.embedding_tensor, head_name = ov.head_tensor;
   if (emb_name.empty()) {
     if (!fam)
-      unsupported(cfgw, "architecture \"" + info.architecture + "\" (model_type \"" + info.model_type +
-                            "\") is not known; known model types: " + supported_architectures() +
+      unsupported(cfgw, "architecture " + quote_bytes(info.architecture) + " (model_type " + quote_bytes(info.model_type) +
+                            ") is not known; known model types: " + supported_architectures() +
                             "; name the tensors with --embedding-tensor NAME --head-tensor NAME");
     emb_name = pick(fam->embedding);
   }
@@ -606,22 +666,21 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
   if (cfg_top.contains("quantization_config") && !cfg_top["quantization_config"].is_null()) {
     qc = cfg_top["quantization_config"];
     if (!qc.is_object()) invalid(cfgw, "quantization_config is not an object");
-  } else if (fs::exists(dir / "quantize_config.json")) {  // AutoGPTQ's own file
+  } else if (path_exists(dir / "quantize_config.json")) {  // AutoGPTQ's own file
     qc_where = (dir / "quantize_config.json").string();
     qc = read_json(dir / "quantize_config.json");
     if (!qc.contains("quant_method")) qc["quant_method"] = "gptq";
   }
   std::optional<GptqConfig> gptq;
   if (!qc.is_null()) {
-    const std::string method = qc.contains("quant_method") && qc["quant_method"].is_string()
-                                   ? qc["quant_method"].get<std::string>() : std::string();
+    const std::string method = io::json_opt_string(qc, "quantization_config", "quant_method", qc_where, "");
     info.quant_method = method;
     if (method == "gptq") {
       gptq = parse_gptq_config(qc, qc_where);
       gptq->dynamic = dynamic_rules(qc_where, qc_where == cfgw);
     } else if (method != "compressed-tensors") {
-      unsupported(qc_where, "quantization_config.quant_method \"" + method + "\" is not supported (tensors " + emb_name +
-                                (head_name.empty() ? std::string() : ", " + head_name) +
+      unsupported(qc_where, "quantization_config.quant_method " + quote_bytes(method) + " is not supported (tensors " + quote_bytes(emb_name) +
+                                (head_name.empty() ? std::string() : ", " + quote_bytes(head_name)) +
                                 "); qhead reads quant_method compressed-tensors (format pack-quantized) and gptq");
     }
   }
@@ -630,7 +689,8 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
   if (cfg_top.contains("tie_word_embeddings") && !cfg_top["tie_word_embeddings"].is_null()) {
     if (!cfg_top["tie_word_embeddings"].is_boolean()) invalid(cfgw, "tie_word_embeddings is not a boolean");
     info.tied = cfg_top["tie_word_embeddings"].get<bool>();
-  } else if (cfg.contains("tie_word_embeddings") && cfg["tie_word_embeddings"].is_boolean()) {
+  } else if (&cfg != &cfg_top && cfg.contains("tie_word_embeddings") && !cfg["tie_word_embeddings"].is_null()) {
+    if (!cfg["tie_word_embeddings"].is_boolean()) invalid(cfgw, "text_config.tie_word_embeddings is not a boolean");
     info.tied = cfg["tie_word_embeddings"].get<bool>();
   } else {
     info.tied = fam ? fam->tied_default : false;
@@ -694,9 +754,9 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
 
   // Shapes against config.
   std::string vkey, hkey;
-  const auto vocab = int_key(cfg, {"vocab_size"}, &vkey);
-  const auto hidden = info.model_type == "opt" ? int_key(cfg, {"word_embed_proj_dim", "hidden_size"}, &hkey)
-                                               : int_key(cfg, {"hidden_size", "n_embd", "d_model"}, &hkey);
+  const auto vocab = int_key(cfg, {"vocab_size"}, &vkey, cfg_key, cfgw);
+  const auto hidden = info.model_type == "opt" ? int_key(cfg, {"word_embed_proj_dim", "hidden_size"}, &hkey, cfg_key, cfgw)
+                                               : int_key(cfg, {"hidden_size", "n_embd", "d_model"}, &hkey, cfg_key, cfgw);
   if (!vocab) invalid(cfgw, "has no integer vocab_size");
   if (!hidden) invalid(cfgw, "has no integer hidden_size (nor n_embd, d_model)");
   info.vocab = *vocab;
@@ -726,11 +786,13 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
                                   " dense (no " + module_of(info.head.tensor) + ".qweight)");
   } else if (!qc.is_null()) {
     info.compressed_tensors = true;
+    // Read whether or not a group matches a role (quantize carries the format over).
+    (void)io::json_opt_string(qc, "quantization_config", "format", cfgw, "");
     auto decide = [&](ModelInfo::Role& role, const char* cls) {
       const auto grp = match_group(qc, module_of(role.tensor), cls, cfgw);
       std::optional<QuantScheme> s = grp ? scheme_of(qc, *grp, role.tensor, cfgw) : std::nullopt;
       if (s && !role.packed)
-        invalid(role.file, cfgw + " quantizes " + module_of(role.tensor) + " (config group " + grp->name + ", " +
+        invalid(role.file, cfgw + " quantizes " + module_of(role.tensor) + " (config group " + escape_bytes(grp->name, 100) + ", " +
                                s->name() + ") but the checkpoint stores it dense as " + role.tensor);
       if (!s && role.packed)
         invalid(role.file, "the checkpoint stores " + module_of(role.tensor) + ".weight_packed but " + cfgw +
@@ -768,7 +830,7 @@ Resolved resolve(const std::string& dir, const ModelOverrides& ov) {
   try {
     return resolve_impl(dir, ov);
   } catch (const json::exception& e) {
-    invalid((fs::path(dir) / "config.json").string(), std::string("a value has an unexpected type (") + e.what() + ")");
+    invalid((fs::path(dir) / "config.json").string(), "a value has an unexpected type (" + escape_bytes(e.what(), 400) + ")");
   }
 }
 

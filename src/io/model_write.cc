@@ -19,12 +19,12 @@
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
-#include <sstream>
 
 #include "io/fd_guard.h"
 #include "io/stale_temp.h"
+#include "io/json_file.h"
+#include "io/pattern.h"
 #include "qhead/error.h"
 #include "qhead/quantize.h"
 #include "qhead/safetensors.h"
@@ -46,21 +46,18 @@ using Format = ModelInfo::Format;
 
 std::string errno_text(int e) { return std::strerror(e); }
 
-json read_json(const fs::path& p) {
-  std::ifstream in(p);
-  if (!in) fail(ErrorCode::kIo, p.string(), "cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  json j = json::parse(ss.str(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) fail(ErrorCode::kInvalidFile, p.string(), "is not a JSON object");
-  return j;
-}
+// The bounded reader of src/io/json_file.h (file type, size, depth, duplicate keys).
+json read_json(const fs::path& p) { return io::read_json_object(p.string()); }
 
 // HF writes its JSON files with indent 2 and sorted keys; nlohmann's default
-// object is a std::map, so dump(2) sorts them the same way.
+// object is a std::map, so dump(2) sorts them the same way. `j` is built from
+// values read by read_json plus a few levels of qhead's own, so its depth (and
+// with it the dump's recursion and the indentation, which grows with the
+// square of the depth) stays within the reader's bound.
 void write_json(const fs::path& p, const json& j) {
+  const std::string text = io::dump_json(j, p.string());
   std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out << j.dump(2) << "\n";
+  out << text << "\n";
   out.close();
   if (!out) fail(ErrorCode::kIo, p.string(), "cannot write");
 }
@@ -176,18 +173,17 @@ json group_json(const QuantScheme& s, const std::vector<std::string>& targets) {
           {"weights", weights_args(s)}};
 }
 
-bool regex_match_start(const std::string& pattern, const std::string& name) {
-  try {
-    return std::regex_search(name, std::regex(pattern, std::regex::ECMAScript), std::regex_constants::match_continuous);
-  } catch (const std::regex_error&) {
-    return false;
-  }
+// Python re.match (compressed-tensors' match_name): anchored at the start,
+// not the end. A pattern RE2 refuses is an Error naming it and `cfg_path`.
+bool regex_match_start(const std::string& pattern, const std::string& name, const std::string& cfg_path) {
+  return io::pattern_match_start(pattern, name, cfg_path, "quantization_config");
 }
 
 // True when `target` selects module `name` of class `cls` (compressed-tensors
 // is_match: exact name, "re:" regex from the start, or class name).
-bool target_matches(const std::string& target, const std::string& name, const std::string& cls) {
-  if (target.rfind("re:", 0) == 0) return regex_match_start(target.substr(3), name);
+bool target_matches(const std::string& target, const std::string& name, const std::string& cls,
+                    const std::string& cfg_path) {
+  if (target.rfind("re:", 0) == 0) return regex_match_start(target.substr(3), name, cfg_path);
   return target == name || target == cls || target == "Module";
 }
 
@@ -216,7 +212,7 @@ json make_quant_config(const json* existing, const std::vector<NewRole>& newly, 
     json groups = json::object();
     for (auto& [g, grp] : qc["config_groups"].items()) {
       if (!grp.is_object() || !grp.contains("targets") || !grp["targets"].is_array())
-        fail(ErrorCode::kInvalidFile, cfg_path, "quantization_config.config_groups." + g + ".targets is missing or not a list");
+        fail(ErrorCode::kInvalidFile, cfg_path, "quantization_config.config_groups." + escape_bytes(g, 100) + ".targets is missing or not a list");
       json targets = json::array();
       for (const auto& t : grp["targets"]) {
         if (!(t.is_string() && unassign.count(t.get<std::string>()))) targets.push_back(t);
@@ -246,7 +242,7 @@ json make_quant_config(const json* existing, const std::vector<NewRole>& newly, 
         });
         std::string hit;
         for (const auto& [t, g] : tg)
-          if (hit.empty() && (t.rfind("re:", 0) == 0 ? regex_match_start(t.substr(3), mod) : t == mod)) hit = g;
+          if (hit.empty() && (t.rfind("re:", 0) == 0 ? regex_match_start(t.substr(3), mod, cfg_path) : t == mod)) hit = g;
         for (const auto& [t, g] : tg)
           if (hit.empty() && (t == cls || t == "Module")) hit = g;
         if (!hit.empty()) used.insert(hit);
@@ -276,9 +272,9 @@ json make_quant_config(const json* existing, const std::vector<NewRole>& newly, 
         for (const auto& r : newly) {
           if (s == r.module) {
             drop = true;
-          } else if (target_matches(s, r.module, r.cls)) {
+          } else if (target_matches(s, r.module, r.cls, cfg_path)) {
             fail(ErrorCode::kUnsupported, cfg_path,
-                 "quantization_config.ignore entry \"" + s + "\" matches " + r.module +
+                 "quantization_config.ignore entry " + quote_bytes(s) + " matches " + r.module +
                      ", which is to be quantized; qhead removes exact-name entries only (removing this one "
                      "would change what it ignores for other modules): edit the ignore list first");
           }
@@ -318,12 +314,12 @@ json make_quant_config(const json* existing, const std::vector<NewRole>& newly, 
     for (const auto& [g, grp] : qc["config_groups"].items()) {
       (void)g;
       for (const auto& t : grp["targets"])
-        if (t.is_string() && target_matches(t.get<std::string>(), dropped_head, "Linear")) matched = true;
+        if (t.is_string() && target_matches(t.get<std::string>(), dropped_head, "Linear", cfg_path)) matched = true;
     }
     bool ignored = false;
     if (qc.contains("ignore") && qc["ignore"].is_array())
       for (const auto& e : qc["ignore"])
-        if (e.is_string() && target_matches(e.get<std::string>(), dropped_head, "Linear")) ignored = true;
+        if (e.is_string() && target_matches(e.get<std::string>(), dropped_head, "Linear", cfg_path)) ignored = true;
     if (matched && !ignored) {
       if (!qc.contains("ignore") || !qc["ignore"].is_array()) qc["ignore"] = json::array();
       qc["ignore"].push_back(dropped_head);
@@ -503,11 +499,12 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   const fs::path dir(dir_s), out(out_s);
 
   // ---- input kind -------------------------------------------------------------------
-  std::error_code sec;
-  const fs::file_status dst = fs::status(dir, sec);
-  if (sec == std::errc::too_many_symbolic_link_levels) fail(ErrorCode::kIo, dir_s, "is a link that loops");
-  if (!fs::exists(dst)) fail(ErrorCode::kIo, dir_s, "does not exist");
-  if (!fs::is_directory(dst)) {
+  std::error_code kind_ec;
+  const fs::file_status kind = fs::status(dir, kind_ec);
+  if (kind_ec && kind_ec != std::errc::no_such_file_or_directory && kind_ec != std::errc::not_a_directory)
+    fail(ErrorCode::kIo, dir_s, "cannot be read: " + kind_ec.message());
+  if (!fs::exists(kind)) fail(ErrorCode::kIo, dir_s, "does not exist");
+  if (!fs::is_directory(kind)) {
     if (dir.extension() == ".gguf" || has_gguf_magic(dir))
       fail(ErrorCode::kUnsupported, dir_s,
            "GGUF is not supported as a quantize input (qhead reads GGUF tables but writes compressed-tensors "
