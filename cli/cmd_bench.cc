@@ -100,7 +100,8 @@ struct Verdict {
   Key key;
   const bench::BenchRow* fused = nullptr;
   const bench::BenchRow* best = nullptr;  // the fastest baseline
-  double ceiling_gbps = 0.0;
+  double fraction = 0.0;      // of the read ceiling
+  double ceiling_gbps = 0.0;  // the read ceiling
 };
 
 std::vector<Verdict> verdicts(const std::vector<bench::BenchRow>& rows, const Index& ix) {
@@ -116,7 +117,14 @@ std::vector<Verdict> verdicts(const std::vector<bench::BenchRow>& rows, const In
     };
     auto it = std::find_if(out.begin(), out.end(), same_case);
     if (it != out.end() && (std::get<2>(it->key) == 1 || std::get<2>(key) > std::get<2>(it->key))) continue;
-    Verdict v{key, f, ix.fastest(key, is_baseline), ceiling};
+    // The fraction of the measured memory-read ceiling: CUDA measures one
+    // per table (read_ceiling_fraction; its "ceiling" row is a copy, read +
+    // write), the CPU one per run.
+    Verdict v{key, f, ix.fastest(key, is_baseline), f->bw_fraction, ceiling};
+    if (f->read_ceiling_fraction && *f->read_ceiling_fraction > 0) {
+      v.fraction = *f->read_ceiling_fraction;
+      v.ceiling_gbps = f->gbps / v.fraction;
+    }
     if (it != out.end()) *it = v; else out.push_back(v);
   }
   return out;
@@ -124,7 +132,7 @@ std::vector<Verdict> verdicts(const std::vector<bench::BenchRow>& rows, const In
 
 std::string verdict_line(const Verdict& v, const std::string& device) {
   std::string s = fmt::format("verdict: fused {} M={} ({}) reads at {:.2f} of the {:.1f} GB/s ceiling", std::get<1>(v.key),
-                              std::get<2>(v.key), std::get<0>(v.key), v.fused->bw_fraction, v.ceiling_gbps);
+                              std::get<2>(v.key), std::get<0>(v.key), v.fraction, v.ceiling_gbps);
   if (v.best == nullptr) return s + ", no baseline measured";
   const double x = v.best->us_median / v.fused->us_median;
   return s + fmt::format(", {:.1f}x {} than the best baseline ({})", x >= 1.0 ? x : 1.0 / x, x >= 1.0 ? "faster" : "slower",
@@ -136,8 +144,8 @@ void print_markdown(const bench::BenchConfig& cfg, const BenchContext& ctx, cons
   fmt::print("qhead bench: {}; {}; {}\ncommand: {}\n", version_line(), ctx.device, ctx.date, ctx.command);
   std::vector<std::string> paths;  // columns, in order of first appearance
   std::vector<std::string> footnotes;
-  for (const auto& r : rows)
-    if (r.path != "ceiling" && r.path != "compute_ceiling" && std::find(paths.begin(), paths.end(), r.path) == paths.end())
+  for (const auto& r : rows)  // the measured paths of the cases, and the baselines no case could measure
+    if ((!is_run_row(r) || !r.measured) && std::find(paths.begin(), paths.end(), r.path) == paths.end())
       paths.push_back(r.path);
   // The dense baselines first (dense, then the half-precision ones), then the rest in order.
   std::stable_sort(paths.begin(), paths.end(), [](const std::string& a, const std::string& b) {
@@ -151,9 +159,13 @@ void print_markdown(const bench::BenchConfig& cfg, const BenchContext& ctx, cons
       na[r.path] = fmt::format("n/a [{}]", footnotes.size());
     }
   for (const auto& r : rows) {
+    if (!is_run_row(r) || !r.measured) continue;
     if (r.path == "ceiling")
       fmt::print("qhead bench --device {}: read ceiling {:.1f} GB/s ({})\n", cfg.device, r.gbps, r.note);
-    if (r.path == "compute_ceiling") fmt::print("qhead bench --device {}: compute ceiling: {}\n", cfg.device, r.note);
+    else if (r.path == "compute_ceiling")
+      fmt::print("qhead bench --device {}: compute ceiling: {}\n", cfg.device, r.note);
+    else  // CUDA: ceiling_matrix
+      fmt::print("qhead bench --device {}: {} {:.1f} ({})\n", cfg.device, r.path, r.gbps, r.note);
   }
   fmt::print("\nCells: median µs per call (GB/s of table bytes, fraction of the read ceiling).\n\n");
   std::string head = "| shape | scheme | M |", rule = "|---|---|---:|";
@@ -359,7 +371,7 @@ int run_bench(const BenchArgs& a) {
       vr.measured = false;  // a summary of other rows, no timing of its own
       nlohmann::json j = bench_row_json(vr, ctx);
       j.erase("measured");
-      j["bw_fraction"] = v.fused->bw_fraction;
+      j["read_ceiling_fraction"] = v.fraction;
       j["ceiling_gbps"] = v.ceiling_gbps;
       j["best_baseline"] = v.best ? nlohmann::json(v.best->path) : nlohmann::json(nullptr);
       j["speedup_vs_best_baseline"] = v.best ? nlohmann::json(v.best->us_median / v.fused->us_median) : nlohmann::json(nullptr);

@@ -3,6 +3,7 @@
 #include "usage.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <limits>
 

@@ -364,7 +364,8 @@ TEST_F(Cli, BenchVerdictOnTinyShape) {
   EXPECT_EQ(v["path"], "verdict");
   EXPECT_EQ(v["m"], 1);
   EXPECT_GT(v["speedup_vs_best_baseline"].get<double>(), 0.0);
-  EXPECT_GT(v["bw_fraction"].get<double>(), 0.0);
+  EXPECT_GT(v["read_ceiling_fraction"].get<double>(), 0.0);
+  EXPECT_GT(v["ceiling_gbps"].get<double>(), 0.0);
   EXPECT_EQ(v["fused_rows"], 1);
   EXPECT_EQ(v["line"].get<std::string>().rfind("verdict: fused w4g64 M=1 (256x64)", 0), 0u);
 }
