@@ -2,7 +2,9 @@
 // error into one line on stderr (or, under --json, an error object on stdout)
 // and the exit status of its kind (usage.h; README "Exit codes").
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -23,11 +25,11 @@ using namespace qhead::cli;
 int report(bool json, const char* code, const std::string& message, const std::string& line, int status) {
   if (json) {
     const nlohmann::json j = {{"error", {{"code", code}, {"message", message}}}};
+    std::clearerr(stdout);
     std::fprintf(stdout, "%s\n", j.dump(2).c_str());
-    std::fflush(stdout);
-  } else {
-    std::fprintf(stderr, "%s\n", line.c_str());
+    if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return status;
   }
+  std::fprintf(stderr, "%s\n", line.c_str());  // also when stdout cannot take the JSON
   return status;
 }
 
@@ -128,12 +130,24 @@ int run(int argc, char** argv) {
     throw usage_error(app, argc, argv, e);
   }
   ba.command = command_line(argc, argv);
-  if (*inspect) return run_inspect(ia);
-  if (*quantize) return run_quantize(qa);
-  if (*demo) return run_demo(da);
-  if (*bench) return ba.tp > 0 ? run_bench_tp(ba) : run_bench(ba);
-  if (*tprun) return run_tp(ta);
-  throw UsageError("qhead", "a command is required (qhead --help)");
+  int status = kExitOk;
+  if (*inspect)
+    status = run_inspect(ia);
+  else if (*quantize)
+    status = run_quantize(qa);
+  else if (*demo)
+    status = run_demo(da);
+  else if (*bench)
+    status = ba.tp > 0 ? run_bench_tp(ba) : run_bench(ba);
+  else if (*tprun)
+    status = run_tp(ta);
+  else
+    throw UsageError("qhead", "a command is required (qhead --help)");
+  // Output that did not reach its file (a full disk, a closed pipe) is an
+  // I/O error, not a success.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    throw qhead::Error(qhead::ErrorCode::kIo, "stdout", std::string("cannot write the output: ") + std::strerror(errno));
+  return status;
 }
 
 }  // namespace
@@ -150,6 +164,10 @@ int main(int argc, char** argv) {
     return report(json, "internal", std::string("out of memory (") + e.what() + ")",
                   std::string("qhead: internal error: out of memory (") + e.what() + ")", kExitInternal);
   } catch (const std::exception& e) {
+    if (std::ferror(stdout)) {  // the output did not reach its file (fmt throws when a write fails)
+      const std::string what = std::string("stdout: cannot write the output: ") + e.what();
+      return report(json, "io", what, "qhead: error: " + what, kExitIo);
+    }
     return report(json, "internal", e.what(), std::string("qhead: internal error: ") + e.what(), kExitInternal);
   } catch (...) {
     return report(json, "internal", "an exception that is not a std::exception",

@@ -20,7 +20,7 @@ enum Exit : int {
   kExitFailed = 1,    // the work failed: a library error (invalid file, unsupported input) or a failed check
   kExitUsage = 2,     // a usage error: unknown command or option, a missing or invalid value (invalid_argument)
   kExitInternal = 3,  // an internal error: a bug, out of memory, any exception that is not a qhead::Error
-  kExitIo = 4,        // a file or directory that cannot be opened, read or written
+  kExitIo = 4,        // a file or directory that cannot be opened, read or written (stdout included)
 };
 
 // The status and the JSON "code" of a library error.

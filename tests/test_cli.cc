@@ -267,6 +267,18 @@ TEST_F(Cli, JsonErrorObjects) {
   expect_error(run("bench --json --shape 64x64 --scheme w4g48"), 2, "invalid_argument", "w4g48");
   expect_error(run("quantize " + fixture("w8_f32") + " --json --tensor dense.weight --scheme w4 -o " + fixture("w8_f32")),
                2, "invalid_argument", "refusing to write over input");
+  // Output that cannot be written (a full disk) is an I/O error, not a success;
+  // the JSON error then goes to stderr, the one stream left.
+  if (fs::exists("/dev/full")) {
+    const CliRun full = run("inspect " + fixture("w8_f32") + " >/dev/full");
+    EXPECT_EQ(full.status, 4) << full.err;
+    EXPECT_EQ(full.err.rfind("qhead: error: stdout: cannot write the output", 0), 0u) << full.err;
+    EXPECT_EQ(run("inspect --json " + fixture("w8_f32") + " >/dev/full").status, 4);
+    // Larger than stdio's buffer: the write fails inside fmt::print.
+    const CliRun big = run("bench --json --shape 256x64 --m 1 --reps 3 >/dev/full");
+    EXPECT_EQ(big.status, 4) << big.err;
+    EXPECT_EQ(big.err.rfind("qhead: error: stdout: cannot write the output", 0), 0u) << big.err;
+  }
   // After "--" the arguments belong to tp-run's command, --json included.
   const CliRun tp = run("tp-run -n 0 -- true --json");
   EXPECT_EQ(tp.status, 2);
