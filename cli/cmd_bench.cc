@@ -1,11 +1,17 @@
 // qhead bench — measures every path on the same tables and prints them as a
-// Markdown table (rows: shape × scheme × M; columns: paths) or, with --json,
-// a JSON array with one object per (shape, scheme, m, path) plus the
-// "ceiling" object. The measurements live in src/bench/ (CPU) and src/cuda/
-// (CUDA); this file parses options and prints, for both devices.
+// Markdown table (rows: shape × scheme × M; columns: paths) ending with one
+// verdict line per (shape, scheme), or, with --json, a JSON array with one
+// object per (shape, scheme, m, path) plus the "ceiling" objects and one
+// "verdict" object per (shape, scheme); every object carries the version,
+// commit, device, command and date of the run. The measurements live in
+// src/bench/ (CPU) and src/cuda/ (CUDA); this file parses options and prints,
+// for both devices.
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -15,8 +21,11 @@
 
 #include "bench/bench.h"
 #include "commands.h"
+#include "qhead/cuda.h"
 #include "qhead/error.h"
+#include "qhead/parallel.h"
 #include "qhead/scheme.h"
+#include "version.h"
 
 namespace qhead::cli {
 
@@ -37,14 +46,126 @@ int64_t parse_positive(const std::string& s, const std::string& what) {
 }
 
 
-void print_markdown(const bench::BenchConfig& cfg, const std::vector<bench::BenchRow>& rows) {
-  std::vector<std::string> paths;  // columns, in order of first appearance
+using Key = std::tuple<std::string, std::string, int64_t>;  // shape, scheme, m
+
+bool is_run_row(const bench::BenchRow& r) { return r.shape.empty(); }  // ceilings, unmeasured baselines
+
+// The baselines a user would otherwise run: the dense tables and the
+// dequantize + BLAS fallback.
+bool is_dense(const std::string& path) { return path == "dense" || path.rfind("dense_", 0) == 0; }
+bool is_baseline(const std::string& path) { return is_dense(path) || path == "fallback"; }
+
+std::string baseline_label(const bench::BenchRow& r, const std::string& device) {
+  const std::string blas = device == "cuda" ? "cuBLAS" : "OpenBLAS";
+  if (r.path == "fallback") return "fallback: dequantize + " + blas;
+  if (r.path == "dense") return "dense " + (r.act.empty() ? std::string("f32") : r.act) + " " + blas;
+  return "dense " + r.path.substr(6) + " " + blas;  // dense_bf16 -> "dense bf16 OpenBLAS"
+}
+
+// The rows of a run, indexed by (shape, scheme, m) in order of first appearance.
+struct Index {
+  std::vector<Key> keys;
+  std::map<std::pair<Key, std::string>, const bench::BenchRow*> cell;
+  explicit Index(const std::vector<bench::BenchRow>& rows) {
+    for (const auto& r : rows) {
+      if (is_run_row(r) || !r.measured) continue;
+      const Key key{r.shape, r.scheme, r.m};
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+      cell[{key, r.path}] = &r;
+    }
+  }
+  const bench::BenchRow* at(const Key& k, const std::string& path) const {
+    auto it = cell.find({k, path});
+    return it == cell.end() ? nullptr : it->second;
+  }
+  // The fastest measured row of `key` whose path passes `pick`.
+  template <class P>
+  const bench::BenchRow* fastest(const Key& key, P&& pick) const {
+    const bench::BenchRow* best = nullptr;
+    for (const auto& [kp, r] : cell)
+      if (kp.first == key && pick(kp.second) && (best == nullptr || r->us_median < best->us_median)) best = r;
+    return best;
+  }
+};
+
+// fused against the fastest dense baseline of its row: < 1 means slower.
+double fused_vs_dense(const Index& ix, const Key& key) {
+  const bench::BenchRow* f = ix.at(key, "fused");
+  const bench::BenchRow* d = ix.fastest(key, is_dense);
+  return f != nullptr && d != nullptr && f->us_median > 0 ? d->us_median / f->us_median : 0.0;
+}
+
+// The headline of one (shape, scheme): its M = 1 row (else its smallest M).
+struct Verdict {
+  Key key;
+  const bench::BenchRow* fused = nullptr;
+  const bench::BenchRow* best = nullptr;  // the fastest baseline
+  double fraction = 0.0;      // of the read ceiling
+  double ceiling_gbps = 0.0;  // the read ceiling
+};
+
+std::vector<Verdict> verdicts(const std::vector<bench::BenchRow>& rows, const Index& ix) {
+  double ceiling = 0.0;
   for (const auto& r : rows)
-    if (r.path != "ceiling" && r.path != "compute_ceiling" && std::find(paths.begin(), paths.end(), r.path) == paths.end()) paths.push_back(r.path);
+    if (r.path == "ceiling") ceiling = r.gbps;
+  std::vector<Verdict> out;
+  for (const auto& key : ix.keys) {
+    const bench::BenchRow* f = ix.at(key, "fused");
+    if (f == nullptr) continue;
+    auto same_case = [&](const Verdict& v) {
+      return std::get<0>(v.key) == std::get<0>(key) && std::get<1>(v.key) == std::get<1>(key);
+    };
+    auto it = std::find_if(out.begin(), out.end(), same_case);
+    if (it != out.end() && (std::get<2>(it->key) == 1 || std::get<2>(key) > std::get<2>(it->key))) continue;
+    // The fraction of the measured memory-read ceiling: CUDA measures one
+    // per table (read_ceiling_fraction; its "ceiling" row is a copy, read +
+    // write), the CPU one per run.
+    Verdict v{key, f, ix.fastest(key, is_baseline), f->bw_fraction, ceiling};
+    if (f->read_ceiling_fraction && *f->read_ceiling_fraction > 0) {
+      v.fraction = *f->read_ceiling_fraction;
+      v.ceiling_gbps = f->gbps / v.fraction;
+    }
+    if (it != out.end()) *it = v; else out.push_back(v);
+  }
+  return out;
+}
+
+std::string verdict_line(const Verdict& v, const std::string& device) {
+  std::string s = fmt::format("verdict: fused {} M={} ({}) reads at {:.2f} of the {:.1f} GB/s ceiling", std::get<1>(v.key),
+                              std::get<2>(v.key), std::get<0>(v.key), v.fraction, v.ceiling_gbps);
+  if (v.best == nullptr) return s + ", no baseline measured";
+  const double x = v.best->us_median / v.fused->us_median;
+  return s + fmt::format(", {:.1f}x {} than the best baseline ({})", x >= 1.0 ? x : 1.0 / x, x >= 1.0 ? "faster" : "slower",
+                         baseline_label(*v.best, device));
+}
+
+void print_markdown(const bench::BenchConfig& cfg, const BenchContext& ctx, const std::vector<bench::BenchRow>& rows) {
+  const Index ix(rows);
+  fmt::print("qhead bench: {}; {}; {}\ncommand: {}\n", version_line(), ctx.device, ctx.date, ctx.command);
+  std::vector<std::string> paths;  // columns, in order of first appearance
+  std::vector<std::string> footnotes;
+  for (const auto& r : rows)  // the measured paths of the cases, and the baselines no case could measure
+    if ((!is_run_row(r) || !r.measured) && std::find(paths.begin(), paths.end(), r.path) == paths.end())
+      paths.push_back(r.path);
+  // The dense baselines first (dense, then the half-precision ones), then the rest in order.
+  std::stable_sort(paths.begin(), paths.end(), [](const std::string& a, const std::string& b) {
+    auto rank = [](const std::string& p) { return p == "dense" ? 0 : is_dense(p) ? 1 : 2; };
+    return rank(a) < rank(b);
+  });
+  std::map<std::string, std::string> na;  // path -> footnote mark
+  for (const auto& r : rows)
+    if (!r.measured && !na.count(r.path)) {
+      footnotes.push_back(fmt::format("[{}] {}: {}", footnotes.size() + 1, r.path, r.note));
+      na[r.path] = fmt::format("n/a [{}]", footnotes.size());
+    }
   for (const auto& r : rows) {
+    if (!is_run_row(r) || !r.measured) continue;
     if (r.path == "ceiling")
       fmt::print("qhead bench --device {}: read ceiling {:.1f} GB/s ({})\n", cfg.device, r.gbps, r.note);
-    if (r.path == "compute_ceiling") fmt::print("qhead bench --device {}: compute ceiling: {}\n", cfg.device, r.note);
+    else if (r.path == "compute_ceiling")
+      fmt::print("qhead bench --device {}: compute ceiling: {}\n", cfg.device, r.note);
+    else  // CUDA: ceiling_matrix
+      fmt::print("qhead bench --device {}: {} {:.1f} ({})\n", cfg.device, r.path, r.gbps, r.note);
   }
   fmt::print("\nCells: median µs per call (GB/s of table bytes, fraction of the read ceiling).\n\n");
   std::string head = "| shape | scheme | M |", rule = "|---|---|---:|";
@@ -52,7 +173,7 @@ void print_markdown(const bench::BenchConfig& cfg, const std::vector<bench::Benc
     head += " " + p + " |";
     rule += "---:|";
   }
-  head += " fused vs dense | fused_topk / fused | fused of FMA peak | CPU busy (fused) |";
+  head += " fused vs best dense | fused_topk / fused | fused of FMA peak | CPU busy (fused) |";
   rule += "---:|---:|---:|---:|";
   const bool has_int8 = std::find(paths.begin(), paths.end(), "fused_int8") != paths.end();
   if (has_int8) {  // the opt-in int8 mode changes the arithmetic: show by how much
@@ -60,64 +181,105 @@ void print_markdown(const bench::BenchConfig& cfg, const std::vector<bench::Benc
     rule += "---:|---:|";
   }
   fmt::print("{}\n{}\n", head, rule);
-  // Rows keyed by (shape, scheme, m) in order of first appearance.
-  std::vector<std::tuple<std::string, std::string, int64_t>> keys;
-  std::map<std::tuple<std::string, std::string, int64_t, std::string>, const bench::BenchRow*> cell;
-  for (const auto& r : rows) {
-    if (r.path == "ceiling" || r.path == "compute_ceiling") continue;
-    auto key = std::make_tuple(r.shape, r.scheme, r.m);
-    if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
-    cell[std::make_tuple(r.shape, r.scheme, r.m, r.path)] = &r;
-  }
-  for (const auto& [shape, scheme, m] : keys) {
+  int slower = 0, fused_rows = 0;
+  for (const auto& key : ix.keys) {
+    const auto& [shape, scheme, m] = key;
     std::string line = fmt::format("| {} | {} | {} |", shape, scheme, m);
     for (const auto& p : paths) {
-      auto it = cell.find(std::make_tuple(shape, scheme, m, p));
-      line += it == cell.end() ? " – |"
-                               : fmt::format(" {:.0f} ({:.1f}, {:.0f}%) |", it->second->us_median, it->second->gbps,
-                                             100.0 * it->second->bw_fraction);
+      const bench::BenchRow* c = ix.at(key, p);
+      line += na.count(p) ? " " + na[p] + " |"
+              : c == nullptr ? " – |"
+                             : fmt::format(" {:.0f} ({:.1f}, {:.0f}%) |", c->us_median, c->gbps, 100.0 * c->bw_fraction);
     }
-    auto fused = cell.find(std::make_tuple(shape, scheme, m, std::string("fused")));
-    auto topk = cell.find(std::make_tuple(shape, scheme, m, std::string("fused_topk")));
-    line += fused == cell.end() ? " – |" : fmt::format(" {:.2f}× |", fused->second->speedup_vs_dense);
-    line += (fused == cell.end() || topk == cell.end())
-                ? " – |"
-                : fmt::format(" {:.3f} |", topk->second->us_median / fused->second->us_median);
-    line += (fused == cell.end() || !fused->second->matrix_fraction)
-                ? " – |"
-                : fmt::format(" {:.0f}% |", 100.0 * *fused->second->matrix_fraction);
-    const size_t cpu_at = fused == cell.end() ? std::string::npos : fused->second->note.find("; cpu ");
+    const bench::BenchRow* fused = ix.at(key, "fused");
+    const bench::BenchRow* topk = ix.at(key, "fused_topk");
+    const double vs = fused_vs_dense(ix, key);
+    if (vs > 0) {
+      ++fused_rows;
+      if (vs < 1.0) ++slower;
+    }
+    line += vs <= 0 ? " – |" : fmt::format(" {:.2f}×{} |", vs, vs < 1.0 ? " slower" : "");
+    line += (fused == nullptr || topk == nullptr) ? " – |" : fmt::format(" {:.3f} |", topk->us_median / fused->us_median);
+    line += (fused == nullptr || !fused->matrix_fraction) ? " – |" : fmt::format(" {:.0f}% |", 100.0 * *fused->matrix_fraction);
+    const size_t cpu_at = fused == nullptr ? std::string::npos : fused->note.find("; cpu ");
     line += cpu_at == std::string::npos ? std::string(" – |")
-                                        : fmt::format(" {} |", std::string_view(fused->second->note).substr(cpu_at + 6));
+                                        : fmt::format(" {} |", std::string_view(fused->note).substr(cpu_at + 6));
     if (has_int8) {
-      auto i8 = cell.find(std::make_tuple(shape, scheme, m, std::string("fused_int8")));
-      line += (fused == cell.end() || i8 == cell.end()) ? " – |"
-                                                         : fmt::format(" {:.3f} |", i8->second->us_median / fused->second->us_median);
-      line += (i8 == cell.end() || !i8->second->max_abs_err)
+      const bench::BenchRow* i8 = ix.at(key, "fused_int8");
+      line += (fused == nullptr || i8 == nullptr) ? " – |" : fmt::format(" {:.3f} |", i8->us_median / fused->us_median);
+      line += (i8 == nullptr || !i8->max_abs_err)
                   ? " – |"
-                  : fmt::format(" {:.3g} ({:.1e}) |", *i8->second->max_abs_err,
-                                *i8->second->max_abs_logit > 0 ? *i8->second->max_abs_err / *i8->second->max_abs_logit : 0.0);
+                  : fmt::format(" {:.3g} ({:.1e}) |", *i8->max_abs_err,
+                                *i8->max_abs_logit > 0 ? *i8->max_abs_err / *i8->max_abs_logit : 0.0);
     }
     fmt::print("{}\n", line);
   }
+  for (const auto& f : footnotes) fmt::print("\n{}", f);
+  if (!footnotes.empty()) fmt::print("\n");
   // Notes: cache residency and caveats, once per (shape, scheme, path).
   std::set<std::string> seen;
   fmt::print("\nNotes:\n");
   for (const auto& r : rows) {
-    if (r.path == "ceiling" || r.path == "compute_ceiling" || r.note.empty()) continue;
+    if (is_run_row(r) || r.note.empty()) continue;
     // The CPU-busy part varies per M and is in the table; notes once per path.
     const std::string note = r.note.substr(0, r.note.find("; cpu "));
     const std::string n = fmt::format("- {} {} {}: {}", r.shape, r.scheme, r.path, note);
     if (seen.insert(n).second) fmt::print("{}\n", n);
   }
+  fmt::print("\nfused is slower than the best dense baseline in {} of {} rows{}\n", slower, fused_rows,
+             slower ? " (marked \"slower\" in the fused vs best dense column)" : "");
+  for (const auto& v : verdicts(rows, ix)) fmt::print("{}\n", verdict_line(v, cfg.device));
+}
+
+// "AMD EPYC 9454" from /proc/cpuinfo, or "" where it has none.
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0 && line.find(':') != std::string::npos) {
+      std::string m = line.substr(line.find(':') + 1);
+      m.erase(0, m.find_first_not_of(" \t"));
+      return m;
+    }
+  return "";
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
 }  // namespace
 
-nlohmann::json bench_row_json(const bench::BenchRow& r) {
-  nlohmann::json j = {{"shape", r.shape},   {"scheme", r.scheme},       {"m", r.m},
-                      {"path", r.path},     {"us_median", r.us_median}, {"gbps", r.gbps},
-                      {"bw_fraction", r.bw_fraction}, {"speedup_vs_dense", r.speedup_vs_dense}};
+BenchContext bench_context(const BenchArgs& a) {
+  BenchContext c;
+  c.command = a.command;
+  c.date = utc_now();
+  if (a.device == "cuda") {
+    const std::string name = cuda::available() ? cuda::device_name() : "";
+    c.device = "cuda: " + (name.empty() ? std::string("no device") : name);
+  } else {
+    const std::string model = cpu_model();
+    c.device = fmt::format("cpu: {}, {} threads", model.empty() ? "unknown model" : model,
+                           a.threads > 0 ? a.threads : default_num_threads());
+  }
+  return c;
+}
+
+nlohmann::json bench_row_json(const bench::BenchRow& r, const BenchContext& ctx) {
+  nlohmann::json j = {{"shape", r.shape}, {"scheme", r.scheme}, {"m", r.m}, {"path", r.path}};
+  if (r.measured) {
+    j["us_median"] = r.us_median;
+    j["gbps"] = r.gbps;
+    j["bw_fraction"] = r.bw_fraction;
+    j["speedup_vs_dense"] = r.speedup_vs_dense;
+  } else {
+    j["measured"] = false;
+  }
   if (r.read_ceiling_fraction) j["read_ceiling_fraction"] = *r.read_ceiling_fraction;
   if (r.host_us) j["host_us"] = *r.host_us;
   if (!r.act.empty()) j["act"] = r.act;
@@ -125,6 +287,11 @@ nlohmann::json bench_row_json(const bench::BenchRow& r) {
   if (r.max_abs_err) j["max_abs_err"] = *r.max_abs_err;
   if (r.max_abs_logit) j["max_abs_logit"] = *r.max_abs_logit;
   if (!r.note.empty()) j["note"] = r.note;
+  j["version"] = version();
+  j["commit"] = git_commit();
+  j["device"] = ctx.device;
+  j["command"] = ctx.command;
+  j["date"] = ctx.date;
   return j;
 }
 
@@ -170,6 +337,7 @@ int run_bench(const BenchArgs& a) {
     for (const auto& [v, h] : shapes)
       for (const auto& s : schemes) cfg.cases.push_back({v, h, s});
   }
+  const BenchContext ctx = bench_context(a);
   std::vector<bench::BenchRow> rows;
   if (a.device == "cpu")
     rows = bench::run_cpu_bench(cfg);
@@ -178,11 +346,43 @@ int run_bench(const BenchArgs& a) {
   else
     bad("--device must be cpu or cuda, got '" + a.device + "'");
   if (a.json) {
+    const Index ix(rows);
     nlohmann::json arr = nlohmann::json::array();
-    for (const auto& r : rows) arr.push_back(bench_row_json(r));
+    int slower = 0, fused_rows = 0;
+    for (const auto& r : rows) {
+      nlohmann::json j = bench_row_json(r, ctx);
+      if (r.path == "fused" && r.measured) {
+        const double vs = fused_vs_dense(ix, {r.shape, r.scheme, r.m});
+        if (vs > 0) {
+          j["speedup_vs_best_dense"] = vs;
+          j["slower_than_dense"] = vs < 1.0;
+          ++fused_rows;
+          slower += vs < 1.0;
+        }
+      }
+      arr.push_back(j);
+    }
+    for (const auto& v : verdicts(rows, ix)) {
+      bench::BenchRow vr;
+      vr.shape = std::get<0>(v.key);
+      vr.scheme = std::get<1>(v.key);
+      vr.m = std::get<2>(v.key);
+      vr.path = "verdict";
+      vr.measured = false;  // a summary of other rows, no timing of its own
+      nlohmann::json j = bench_row_json(vr, ctx);
+      j.erase("measured");
+      j["read_ceiling_fraction"] = v.fraction;
+      j["ceiling_gbps"] = v.ceiling_gbps;
+      j["best_baseline"] = v.best ? nlohmann::json(v.best->path) : nlohmann::json(nullptr);
+      j["speedup_vs_best_baseline"] = v.best ? nlohmann::json(v.best->us_median / v.fused->us_median) : nlohmann::json(nullptr);
+      j["fused_slower_than_dense_rows"] = slower;
+      j["fused_rows"] = fused_rows;
+      j["line"] = verdict_line(v, a.device);
+      arr.push_back(j);
+    }
     fmt::print("{}\n", arr.dump(2));
   } else {
-    print_markdown(cfg, rows);
+    print_markdown(cfg, ctx, rows);
   }
   return 0;
 }

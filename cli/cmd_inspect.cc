@@ -3,6 +3,18 @@
 // qhead inspect DIR: a Hugging Face model directory's embedding and head
 // (qhead/model.h): architecture, vocab x hidden, tie, storage, bytes now and
 // under --scheme.
+// qhead inspect MODEL.gguf: the same for a GGUF model's two roles.
+//
+// --json: the three share their field names. Top level: "format"
+// ("safetensors" | "model_dir" | "gguf") and "file"; a model directory and a
+// GGUF file also "architecture", "vocab", "hidden", "tied", "embedding",
+// "head", "table_bytes", "target_scheme", "table_bytes_after". Every table (a
+// role, or an entry of a safetensors file's "packed" list): "tensor" (the
+// weight name, "lm_head.weight"), "file" (the file holding it), "vocab",
+// "hidden", "format" ("dense" | "pack-quantized" | "gptq" | "gguf"), "dtype"
+// (the dense dtype; the scale dtype when quantized; a GGUF tensor's ggml type),
+// "scheme" (its qhead scheme, null when it has none) and "bytes" (its stored
+// bytes, 0 for a tied head that is not stored); the rest is per kind.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -93,7 +105,8 @@ int inspect_model_dir(const InspectArgs& a) {
   };
   if (a.json) {
     nlohmann::json j;
-    j["dir"] = m.dir;
+    j["format"] = "model_dir";
+    j["file"] = m.dir;
     j["architecture"] = m.architecture;
     j["model_type"] = m.model_type;
     j["vocab"] = m.vocab;
@@ -102,7 +115,8 @@ int inspect_model_dir(const InspectArgs& a) {
     j["compressed_tensors"] = m.compressed_tensors;
     j["quant_method"] = m.quant_method;
     for (const auto* r : {&m.embedding, &m.head}) {
-      nlohmann::json rj = {{"tensor", r->tensor}, {"file", r->file}, {"stored", r->stored}, {"packed", r->packed},
+      nlohmann::json rj = {{"tensor", r->tensor},  {"file", r->file},     {"vocab", m.vocab},
+                           {"hidden", m.hidden},   {"stored", r->stored}, {"packed", r->packed},
                            {"format", format_name(r->format)}, {"dtype", dtype_name(r->dtype)}, {"bytes", r->bytes}};
       if (r->format == ModelInfo::Format::kGptq) {
         rj["gptq_version"] = r->gptq_version;
@@ -113,6 +127,7 @@ int inspect_model_dir(const InspectArgs& a) {
         rj["bits"] = r->scheme->bits;
         rj["group_size"] = r->scheme->group_size;
         rj["symmetric"] = r->scheme->symmetric;
+        rj["scale_dtype"] = dtype_name(r->dtype);
       } else {
         rj["scheme"] = nullptr;
       }
@@ -146,17 +161,22 @@ int inspect_gguf(const InspectArgs& a) {
   const size_t now = ei.nbytes + (r.tied ? 0 : f.info(r.head).nbytes);
   const size_t later = packed_bytes(r.vocab, r.hidden, target, r.embedding) * (r.tied ? 1 : 2);
   const std::string arch = f.get_string("general.architecture").value_or("");
-  auto role_json = [&](const std::string& name) {
+  // The fields a model directory's roles have (a GGUF tensor has no
+  // pack-quantized scheme: its ggml type is its dtype), plus ggml_type.
+  auto role_json = [&](const std::string& name, bool stored) {
     const auto& i = f.info(name);
-    return nlohmann::json{{"tensor", name}, {"ggml_type", ggml_type_name(i.type)}, {"bytes", i.nbytes}};
+    return nlohmann::json{{"tensor", name},        {"file", a.file},     {"vocab", r.vocab},
+                          {"hidden", r.hidden},    {"stored", stored},   {"format", "gguf"},
+                          {"dtype", ggml_type_name(i.type)}, {"ggml_type", ggml_type_name(i.type)},
+                          {"scheme", nullptr},     {"bytes", stored ? i.nbytes : 0}};
   };
   if (a.json) {
     nlohmann::json j = {{"file", a.file},         {"format", "gguf"},
                         {"gguf_version", f.version()}, {"architecture", arch},
                         {"vocab", r.vocab},       {"hidden", r.hidden},
-                        {"tied", r.tied},         {"embedding", role_json(r.embedding)},
-                        {"head", role_json(r.head)}, {"table_bytes", now},
-                        {"scheme", target.name()}, {"table_bytes_after_scheme", later}};
+                        {"tied", r.tied},         {"embedding", role_json(r.embedding, true)},
+                        {"head", role_json(r.head, !r.tied)}, {"table_bytes", now},
+                        {"target_scheme", target.name()}, {"table_bytes_after", later}};
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
@@ -201,6 +221,7 @@ int run_inspect(const InspectArgs& a) {
 
   if (a.json) {
     nlohmann::json j;
+    j["format"] = "safetensors";
     j["file"] = a.file;
     j["file_bytes"] = f.file_size();
     j["tensor_bytes"] = total;
@@ -216,6 +237,10 @@ int run_inspect(const InspectArgs& a) {
       const PackedTable& pt = p.table.packed();
       const double dense = double(pt.vocab) * double(pt.hidden) * double(dtype_size(pt.scheme.scale_dtype));
       j["packed"].push_back({{"prefix", p.prefix},
+                             {"tensor", p.prefix + ".weight"},
+                             {"file", a.file},
+                             {"format", "pack-quantized"},
+                             {"dtype", dtype_name(pt.scheme.scale_dtype)},
                              {"vocab", pt.vocab},
                              {"hidden", pt.hidden},
                              {"scheme", pt.scheme.name()},

@@ -149,7 +149,7 @@ int run_bench_tp(const BenchArgs& a) {
       (void)QuantScheme::parse(s);
       schemes.push_back(s);
     }
-  // Default: the CUDA issue's target shape for the tensor-parallel head.
+  // Default: Gemma-3-4B's table (262144 x 2560), the largest of DESIGN.md's shapes.
   if (shapes.empty()) shapes = {{262144, 2560}};
   if (schemes.empty()) schemes = {"w4g128"};
   for (const auto& [v, h] : shapes)
@@ -163,7 +163,8 @@ int run_bench_tp(const BenchArgs& a) {
   if (comm.rank() != 0) return 0;
   if (a.json) {
     nlohmann::json arr = nlohmann::json::array();
-    for (const auto& r : rows) arr.push_back(bench_row_json(r));
+    const BenchContext ctx = bench_context(a);
+    for (const auto& r : rows) arr.push_back(bench_row_json(r, ctx));
     fmt::print("{}\n", arr.dump(2));
   } else {
     print_markdown(a.tp, cfg.k, rows);

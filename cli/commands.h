@@ -60,16 +60,17 @@ struct DemoArgs {
 int run_demo(const DemoArgs& a);
 
 struct BenchArgs {
-  std::vector<std::string> shapes;   // "VxH" (each may be a comma list); default: the shapes
+  std::vector<std::string> shapes;   // "VxH" (each may be a comma list); default: bench::default_cases()
   std::vector<std::string> schemes;  // "w4g64" (each may be a comma list)
   std::string m;                     // "1,8,32,256" (default)
   int threads = 0;                   // 0: all cores
   std::string device = "cpu";        // cpu | cuda
   int64_t k = 50;
-  int reps = 0;                      // 0: auto
+  int reps = 0;                      // 0: auto (scaled with the shape)
   bool json = false;
   int tp = 0;                        // > 0: the vocab-parallel head over this many GPUs (cmd_tp.cc)
   std::string act;                   // CUDA: f16 (default) | bf16
+  std::string command;               // the command line, as the JSON rows record it
 };
 int run_bench(const BenchArgs& a);
 // qhead bench --device cuda --tp N: starts N ranks (tp-run) unless inside one; rank 0 prints.
@@ -88,7 +89,16 @@ int run_tp(const TpRunArgs& a);
 std::string human_bytes(double bytes);
 // The non-empty pieces of s between separators (list flags: --m 1,8 --shape A,B).
 std::vector<std::string> split(const std::string& s, char sep);
-// One benchmark row as the stable `--json` object (`qhead bench`, `qhead bench --tp`).
-nlohmann::json bench_row_json(const bench::BenchRow& r);
+// What makes a benchmark row reproducible: the device, the exact command and
+// the date (UTC), beside the version and commit of the binary (version.h).
+struct BenchContext {
+  std::string device;   // "cpu: AMD EPYC 9454, 2 threads" | "cuda: NVIDIA H200"
+  std::string command;  // the command line, shell-quoted
+  std::string date;     // "2026-01-31T12:00:00Z"
+};
+BenchContext bench_context(const BenchArgs& a);
+// One benchmark row as the stable `--json` object (`qhead bench`, `qhead bench --tp`),
+// with the run's version, commit, device, command and date.
+nlohmann::json bench_row_json(const bench::BenchRow& r, const BenchContext& ctx);
 
 }  // namespace qhead::cli

@@ -1,22 +1,50 @@
-// qhead — command-line entry point. Parses arguments (CLI11) and turns any
-// library error into a one-line message and a non-zero exit status.
+// qhead — command-line entry point. Parses arguments (CLI11) and turns every
+// error into one line on stderr (or, under --json, an error object on stdout)
+// and the exit status of its kind (usage.h; README "Exit codes").
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <new>
 
 #include "commands.h"
 #include "qhead/error.h"
+#include "usage.h"
+#include "version.h"
 
-int main(int argc, char** argv) {
-  using namespace qhead::cli;
+namespace {
+
+using namespace qhead::cli;
+
+// One error, reported as the command line promises: under --json one object
+// {"error": {"code", "message"}} on stdout (the stream a --json caller
+// parses), else `line` on stderr. Returns the exit status.
+int report(bool json, const char* code, const std::string& message, const std::string& line, int status) {
+  if (json) {
+    const nlohmann::json j = {{"error", {{"code", code}, {"message", message}}}};
+    std::clearerr(stdout);
+    std::fprintf(stdout, "%s\n", j.dump(2).c_str());
+    if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return status;
+  }
+  std::fprintf(stderr, "%s\n", line.c_str());  // also when stdout cannot take the JSON
+  return status;
+}
+
+int run(int argc, char** argv) {
   CLI::App app{"qhead: quantized LLM token tables (embedding + lm_head) in the compressed-tensors pack-quantized layout"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_line(), "print the version and the commit it was built from, and exit");
+  constexpr int64_t kInt = std::numeric_limits<int32_t>::max();
+  const CLI::Validator kThreads = int_range(0, 1024, "0: all cores");
 
   InspectArgs ia;
   auto* inspect = app.add_subcommand(
       "inspect", "Validate a safetensors file and list its tensors and packed tables, or show a model directory's "
-                 "embedding and head (architecture, tie, storage, bytes now and under --scheme)");
-  inspect->add_option("file", ia.file, "safetensors file or Hugging Face model directory")->required();
+                 "or a .gguf file's embedding and head (architecture, tie, storage, bytes now and under --scheme)");
+  inspect->add_option("file", ia.file, "safetensors file, Hugging Face model directory or .gguf file")->required();
   inspect->add_flag("--json", ia.json, "machine-readable output");
   inspect->add_option("--scheme", ia.scheme, "model directory or .gguf: scheme to size the table under (default w4g64)");
   inspect->add_option("--embedding-tensor", ia.embedding_tensor, "model directory: embedding weight name (override)");
@@ -42,7 +70,7 @@ int main(int argc, char** argv) {
   quantize->add_option("--scale-dtype", qa.scale_dtype,
                        "f16 | bf16 | f32 (default: the input's dtype; a requantized role's scale dtype)")
       ->check(CLI::IsMember({"f16", "bf16", "f32"}));
-  quantize->add_option("--threads", qa.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  quantize->add_option("--threads", qa.threads, "worker threads (default 0: all cores)")->check(kThreads);
   quantize->add_flag("--json", qa.json, "machine-readable output (no progress bars)");
 
   DemoArgs da;
@@ -50,22 +78,25 @@ int main(int argc, char** argv) {
       "demo", "The main job: quantize a deterministic Qwen3-0.6B-shaped table (151936 x 1024) to w4g64, "
               "inspect it and check every op against the reference");
   demo->add_option("--workdir", da.workdir, "directory for the files (default: a temporary directory)");
-  demo->add_option("--threads", da.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  demo->add_option("--threads", da.threads, "worker threads (default 0: all cores)")->check(kThreads);
   demo->add_flag("--json", da.json, "machine-readable summary");
   demo->add_flag("--keep", da.keep, "keep the files written");
 
   BenchArgs ba;
   auto* bench = app.add_subcommand(
       "bench", "Time dense BLAS, dequant + BLAS fallback, fused logits and fused top-k on the same tables, "
-               "against the memory read bandwidth measured in the same run");
-  bench->add_option("--shape", ba.shapes, "VxH (repeatable or comma-separated); default: the five issue shapes");
+               "against the memory read bandwidth measured in the same run; ends with a verdict line per shape and "
+               "scheme (fused at M = 1: its fraction of the ceiling and its speed-up over the best baseline)");
+  bench->add_option("--shape", ba.shapes, "VxH (repeatable or comma-separated); default: five real-model shapes")
+      ->check(shape_list());
   bench->add_option("--scheme", ba.schemes, "w4g64, w8g128, w4g128a, ... (repeatable or comma-separated)");
-  bench->add_option("--m", ba.m, "activation rows per call, comma-separated (default 1,8,32,256)");
-  bench->add_option("--threads", ba.threads, "worker threads (default: all cores)")->check(CLI::NonNegativeNumber);
+  bench->add_option("--m", ba.m, "activation rows per call, comma-separated (default 1,8,32,256)")
+      ->check(int_list(1, 65536));
+  bench->add_option("--threads", ba.threads, "worker threads (default 0: all cores)")->check(kThreads);
   bench->add_option("--device", ba.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-  bench->add_option("--k", ba.k, "top-k of the fused_topk path (default 50)")->check(CLI::PositiveNumber);
-  bench->add_option("--reps", ba.reps, "timed calls per path (default: auto, >= 5, about 1 s)")
-      ->check(CLI::NonNegativeNumber);
+  bench->add_option("--k", ba.k, "top-k of the fused_topk path (default 50)")->check(int_range(1, kInt));
+  bench->add_option("--reps", ba.reps, "timed calls per path (default: auto, at least 5, about 1 s, at most 50)")
+      ->check(int_range(1, 1000000));
   bench->add_option("--act", ba.act,
                     "CUDA: activation dtype, also the scales' and the dense baseline's: f16 (default) | bf16")
       ->check(CLI::IsMember({"f16", "bf16"}));
@@ -73,35 +104,73 @@ int main(int argc, char** argv) {
   bench->add_option("--tp", ba.tp,
                     "CUDA: shard the table by vocab rows over N GPUs (one process each, NCCL) and time the sharded "
                     "top-k step against one GPU (default shape 262144x2560 w4g128, M = 1)")
-      ->check(CLI::PositiveNumber);
+      ->check(int_range(1, 1024));
 
   TpRunArgs ta;
   auto* tprun = app.add_subcommand(
       "tp-run", "Run a command once per rank (one process per GPU) with QHEAD_TP_RANK/WORLD/DEVICE/ID_FILE and "
                 "NCCL_NVLS_ENABLE=0 set; if one rank fails the others are stopped");
-  tprun->add_option("-n", ta.n, "number of ranks")->required()->check(CLI::PositiveNumber);
-  tprun->add_option("--devices", ta.devices, "CUDA device of each rank, comma-separated (default: rank r on device r)");
-  tprun->add_option("--timeout", ta.timeout_s, "seconds before every rank is stopped (default: none)")
-      ->check(CLI::NonNegativeNumber);
+  tprun->add_option("-n", ta.n, "number of ranks")->required()->check(int_range(1, 1024));
+  tprun->add_option("--devices", ta.devices, "CUDA device of each rank, comma-separated (default: rank r on device r)")
+      ->check(int_list(0, 1023));
+  tprun->add_option("--timeout", ta.timeout_s, "seconds before every rank is stopped (default 0: none)")
+      ->check(int_range(0, kInt, "0: none"));
   tprun->add_option("command", ta.command, "the command and its arguments, after --")->required();
 
+  check_names(app, argc, argv);  // an unknown option or command first, with the nearest valid name
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    throw usage_error(app, argc, argv, e);
   }
+  ba.command = command_line(argc, argv);
+  int status = kExitOk;
+  if (*inspect)
+    status = run_inspect(ia);
+  else if (*quantize)
+    status = run_quantize(qa);
+  else if (*demo)
+    status = run_demo(da);
+  else if (*bench)
+    status = ba.tp > 0 ? run_bench_tp(ba) : run_bench(ba);
+  else if (*tprun)
+    status = run_tp(ta);
+  else
+    throw UsageError("qhead", "a command is required (qhead --help)");
+  // Output that did not reach its file (a full disk, a closed pipe) is an
+  // I/O error, not a success.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    throw qhead::Error(qhead::ErrorCode::kIo, "stdout", std::string("cannot write the output: ") + std::strerror(errno));
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool json = json_requested(argc, argv);
   try {
-    if (*inspect) return run_inspect(ia);
-    if (*quantize) return run_quantize(qa);
-    if (*demo) return run_demo(da);
-    if (*bench) return ba.tp > 0 ? run_bench_tp(ba) : run_bench(ba);
-    if (*tprun) return run_tp(ta);
+    return run(argc, argv);
+  } catch (const UsageError& e) {
+    return report(json, "invalid_argument", e.what(), e.what(), kExitUsage);
   } catch (const qhead::Error& e) {
-    std::fprintf(stderr, "qhead: error: %s\n", e.what());
-    return 2;
+    return report(json, code_name(e.code()), e.what(), std::string("qhead: error: ") + e.what(), exit_status(e.code()));
+  } catch (const std::bad_alloc& e) {
+    return report(json, "internal", std::string("out of memory (") + e.what() + ")",
+                  std::string("qhead: internal error: out of memory (") + e.what() + ")", kExitInternal);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "qhead: error: %s\n", e.what());
-    return 3;
+    if (std::ferror(stdout)) {  // the output did not reach its file (fmt throws when a write fails)
+      const std::string what = std::string("stdout: cannot write the output: ") + e.what();
+      return report(json, "io", what, "qhead: error: " + what, kExitIo);
+    }
+    return report(json, "internal", e.what(), std::string("qhead: internal error: ") + e.what(), kExitInternal);
+  } catch (...) {
+    return report(json, "internal", "an exception that is not a std::exception",
+                  "qhead: internal error: an exception that is not a std::exception", kExitInternal);
   }
-  return 1;
 }

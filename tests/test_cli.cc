@@ -1,5 +1,8 @@
 // The qhead command line, run as a user runs it: exit codes, one-line errors,
-// --help on every command, --json output, quantize → inspect round trip.
+// --help on every command, --json output, quantize → inspect round trip; the
+// contract scripts rely on (README "Exit codes"): usage errors exit 2 with one
+// line naming the nearest valid name, --version, JSON error objects, the
+// field names the three kinds of `inspect --json` share, the bench verdict.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,6 +11,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
 #include <string>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,6 +50,15 @@ class Cli : public ::testing::Test {
     EXPECT_EQ(r.err.rfind("qhead: error: ", 0), 0u) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     EXPECT_NE(r.err.find(fragment), std::string::npos) << "expected '" << fragment << "' in: " << r.err;
+  }
+  // A usage error: exit 2, nothing on stdout, one line "qhead[ CMD]: ..." on stderr.
+  static void expect_usage_error(const CliRun& r, const std::string& fragment, const std::string& args) {
+    EXPECT_EQ(r.status, 2) << args << ": " << r.err;
+    EXPECT_EQ(r.out, "") << args;
+    EXPECT_EQ(r.err.rfind("qhead", 0), 0u) << args << ": " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << args << ": " << r.err;
+    EXPECT_LT(r.err.size(), 300u) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(fragment), std::string::npos) << args << ": expected '" << fragment << "' in: " << r.err;
   }
   fs::path dir_;
 };
@@ -142,6 +156,230 @@ TEST_F(Cli, InspectRejectsInconsistentPackedTensors) {
   expect_one_line_error(run("inspect " + path("width.safetensors")), "weight_packed width 5");
   write(path("nan.safetensors"), 8, std::nanf(""));
   expect_one_line_error(run("inspect " + path("nan.safetensors")), "weight_scale[0, 0]");
+}
+
+// A mistyped option is named with the nearest option of the same command,
+// before any "required" complaint it hid; likewise a mistyped command.
+TEST_F(Cli, MistypedNamesSuggestTheNearest) {
+  const CliRun r = run("quantize --shceme w4g64");
+  expect_usage_error(r, "", "quantize --shceme w4g64");
+  EXPECT_EQ(r.err, "qhead quantize: unknown option --shceme (did you mean --scheme?)\n");
+  const std::string in = fixture("w8_f32");
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"quantize " + in + " --tensor dense.weight --shceme=w4 -o " + path("o"), "(did you mean --scheme?)"},
+           {"bench --thraeds 2", "unknown option --thraeds (did you mean --threads?)"},
+           {"bench --jsno", "(did you mean --json?)"},
+           {"inspect " + in + " --embeding-tensor x", "(did you mean --embedding-tensor?)"},
+           {"tp-run -n 1 --timout 5 -- true", "(did you mean --timeout?)"},
+           {"bench --zzzzzzzz", "unknown option --zzzzzzzz (see qhead bench --help)"},
+           {"benhc --shape 64x64", "qhead: unknown command 'benhc' (did you mean bench?)"},
+           {"inspetc " + in, "(did you mean inspect?)"},
+           {"frobnicate", "unknown command 'frobnicate' (commands: inspect, quantize, demo, bench and tp-run)"},
+           {"", "a command is required"},
+           {"--threads 2 bench", "qhead: --threads goes after the command: qhead bench --threads ..."},
+           {"inspect " + in + " extra", "unexpected argument extra"},
+           {"bench --m", "--m needs a value"},
+           {"quantize " + in + " --tensor dense.weight --scheme w4", "--output is required"},
+       })
+    expect_usage_error(run(args), want, args);
+  // The options of another command are not valid here.
+  expect_usage_error(run("inspect " + in + " --threads 2"), "unknown option --threads", "inspect --threads");
+}
+
+// Every numeric option is range-checked, with the range in the message.
+TEST_F(Cli, BadValuesExitTwo) {
+  const std::string in = fixture("w8_f32");
+  for (const auto& [args, want] : std::vector<std::pair<std::string, std::string>>{
+           {"bench --threads -1", "--threads: expected an integer in [0, 1024] (0: all cores), got -1"},
+           {"bench --threads abc", "--threads: expected an integer in [0, 1024] (0: all cores), got 'abc'"},
+           {"bench --threads 1.5", "got '1.5'"},
+           {"bench --threads 99999999999999999999", "--threads"},
+           {"quantize " + in + " --tensor dense.weight --scheme w4 --threads -3 -o " + path("o"), "--threads"},
+           {"demo --threads 5000", "--threads"},
+           {"bench --k 0", "--k: expected an integer in [1, 2147483647], got 0"},
+           {"bench --reps 0", "--reps"},
+           {"bench --reps -5", "--reps"},
+           {"bench --m 0", "--m"},
+           {"bench --m 1,-8", "--m"},
+           {"bench --m 1,,8", "an empty entry"},
+           {"bench --m 1,x", "got 'x'"},
+           {"bench --shape 0x64", "--shape: '0x64'"},
+           {"bench --shape 64", "expected VxH"},
+           {"bench --shape 64x-1", "'64x-1'"},
+           {"bench --shape 2147483648x64", "'2147483648x64'"},
+           {"bench --shape 2147483647x2147483647", "overflows"},
+           {"bench --shape 64x64,12y3", "'12y3'"},
+           {"bench --tp 0", "--tp"},
+           {"bench --device tpu", "--device"},
+           {"tp-run -n 0 -- true", "-n"},
+           {"tp-run -n 1 --timeout -1 -- true", "--timeout"},
+           {"tp-run -n 1 --devices 0,-1 -- true", "--devices"},
+       })
+    expect_usage_error(run(args), want, args);
+  // A scheme name is checked by the library (QuantScheme::parse): an
+  // invalid_argument error, also exit 2.
+  expect_one_line_error(run("quantize " + in + " --tensor dense.weight --scheme w9 -o " + path("o")), "'w9'");
+  EXPECT_EQ(run("quantize " + in + " --tensor dense.weight --scheme w9 -o " + path("o")).status, 2);
+  const CliRun b = run("bench --shape 64x64 --scheme w9 --m 1");
+  expect_one_line_error(b, "bits must be 2..8");
+  EXPECT_EQ(b.status, 2);
+  EXPECT_FALSE(fs::exists(path("o")));
+}
+
+TEST_F(Cli, VersionAndHelpExitZero) {
+  const CliRun v = run("--version");
+  EXPECT_EQ(v.status, 0) << v.err;
+  EXPECT_TRUE(std::regex_match(v.out, std::regex(R"(qhead \d+\.\d+\.\d+ \(commit ([0-9a-f]{7,40}(-dirty)?|unknown)\)\n)")))
+      << v.out;
+  EXPECT_EQ(v.err, "");
+  for (const char* c : {"bench --help", "tp-run --help", "-h", "inspect -h"}) {
+    const CliRun r = run(c);
+    EXPECT_EQ(r.status, 0) << c;
+    EXPECT_NE(r.out.find("Usage"), std::string::npos) << c;
+  }
+  EXPECT_NE(run("--help").out.find("--version"), std::string::npos);
+}
+
+// Under --json every error is one object {"error": {"code", "message"}} on
+// stdout, stderr stays empty, and the exit status is the same as without.
+TEST_F(Cli, JsonErrorObjects) {
+  auto expect_error = [](const CliRun& r, int status, const std::string& code, const std::string& fragment) {
+    EXPECT_EQ(r.status, status) << r.out << r.err;
+    EXPECT_EQ(r.err, "");
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;
+    ASSERT_TRUE(j.contains("error")) << r.out;
+    EXPECT_EQ(j.size(), 1u);
+    EXPECT_EQ(j["error"].size(), 2u);
+    EXPECT_EQ(j["error"]["code"], code) << r.out;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(fragment), std::string::npos) << r.out;
+  };
+  const CliRun missing = run("inspect --json " + path("missing.safetensors"));
+  expect_error(missing, 4, "io", "missing.safetensors");
+  const CliRun text = run("inspect " + path("missing.safetensors"));
+  EXPECT_EQ(text.status, 4);  // the same status without --json
+  EXPECT_EQ(text.out, "");
+  fs::copy_file(fixture("w8_f32"), path("trunc.safetensors"));
+  fs::resize_file(path("trunc.safetensors"), fs::file_size(fixture("w8_f32")) - 10);
+  expect_error(run("inspect --json " + path("trunc.safetensors")), 1, "invalid_file", "trunc.safetensors");
+  expect_error(run("bench --json --threads -1"), 2, "invalid_argument", "--threads");
+  expect_error(run("quantize --json --shceme w4"), 2, "invalid_argument", "did you mean --scheme?");
+  expect_error(run("bench --json --shape 64x64 --scheme w4g48"), 2, "invalid_argument", "w4g48");
+  expect_error(run("quantize " + fixture("w8_f32") + " --json --tensor dense.weight --scheme w4 -o " + fixture("w8_f32")),
+               2, "invalid_argument", "refusing to write over input");
+  // Output that cannot be written (a full disk) is an I/O error, not a success;
+  // the JSON error then goes to stderr, the one stream left.
+  if (fs::exists("/dev/full")) {
+    const CliRun full = run("inspect " + fixture("w8_f32") + " >/dev/full");
+    EXPECT_EQ(full.status, 4) << full.err;
+    EXPECT_EQ(full.err.rfind("qhead: error: stdout: cannot write the output", 0), 0u) << full.err;
+    EXPECT_EQ(run("inspect --json " + fixture("w8_f32") + " >/dev/full").status, 4);
+    // Larger than stdio's buffer: the write fails inside fmt::print.
+    const CliRun big = run("bench --json --shape 256x64 --m 1 --reps 3 >/dev/full");
+    EXPECT_EQ(big.status, 4) << big.err;
+    EXPECT_EQ(big.err.rfind("qhead: error: stdout: cannot write the output", 0), 0u) << big.err;
+  }
+  // After "--" the arguments belong to tp-run's command, --json included.
+  const CliRun tp = run("tp-run -n 0 -- true --json");
+  EXPECT_EQ(tp.status, 2);
+  EXPECT_EQ(tp.out, "");
+}
+
+// inspect --json of a safetensors file, a model directory and a GGUF file
+// name the same things the same way.
+TEST_F(Cli, InspectFieldNamesAgree) {
+  const std::string fx = QHEAD_FIXTURE_DIR;
+  const std::string st = fixture("w4g32a_f16"), dir = fx + "/ct_models/ignore_re", gguf = fx + "/gguf/smollm2_slice.gguf";
+  auto inspect = [&](const std::string& f) {
+    const CliRun r = run("inspect --json " + f);
+    EXPECT_EQ(r.status, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const auto js = inspect(st), jd = inspect(dir), jg = inspect(gguf);
+  EXPECT_EQ(js["format"], "safetensors");
+  EXPECT_EQ(jd["format"], "model_dir");
+  EXPECT_EQ(jg["format"], "gguf");
+  EXPECT_EQ(js["file"], st);
+  EXPECT_EQ(jd["file"], dir);
+  EXPECT_EQ(jg["file"], gguf);
+  for (const auto* j : {&jd, &jg})
+    for (const char* k : {"architecture", "vocab", "hidden", "tied", "embedding", "head", "table_bytes", "target_scheme",
+                          "table_bytes_after"})
+      EXPECT_TRUE(j->contains(k)) << (*j)["format"] << " lacks " << k;
+  // Every table: the same fields, the same types.
+  std::vector<std::pair<std::string, nlohmann::json>> tables = {
+      {"safetensors packed[0]", js["packed"][0]}, {"model_dir embedding", jd["embedding"]}, {"model_dir head", jd["head"]},
+      {"gguf embedding", jg["embedding"]},       {"gguf head", jg["head"]}};
+  for (const auto& [what, t] : tables) {
+    for (const char* k : {"tensor", "file", "format", "dtype"}) EXPECT_TRUE(t[k].is_string()) << what << " " << k << ": " << t;
+    for (const char* k : {"vocab", "hidden", "bytes"}) EXPECT_TRUE(t[k].is_number_integer()) << what << " " << k << ": " << t;
+    EXPECT_TRUE(t.contains("scheme") && (t["scheme"].is_string() || t["scheme"].is_null())) << what << ": " << t;
+  }
+  const auto& sp = js["packed"][0];
+  EXPECT_EQ(sp["tensor"], "lm_head.weight");
+  EXPECT_EQ(sp["file"], st);
+  EXPECT_EQ(sp["format"], "pack-quantized");
+  EXPECT_EQ(sp["dtype"], "F16");  // the scale dtype, as a packed model-directory role reports it
+  EXPECT_EQ(sp["scheme"], "w4g32a");
+  EXPECT_EQ(jd["head"]["tensor"], "lm_head.weight");
+  EXPECT_EQ(jd["head"]["format"], "pack-quantized");
+  EXPECT_EQ(jd["head"]["vocab"], 67);
+  EXPECT_EQ(jd["head"]["dtype"], jd["head"]["scale_dtype"]);
+  EXPECT_EQ(jg["embedding"]["tensor"], "token_embd.weight");
+  EXPECT_EQ(jg["embedding"]["dtype"], "Q8_0");
+  EXPECT_EQ(jg["embedding"]["format"], "gguf");
+  EXPECT_EQ(jg["embedding"]["vocab"], jg["vocab"]);
+  EXPECT_TRUE(jg["embedding"]["scheme"].is_null());
+  // A tied head that is not stored: 0 bytes, in both kinds.
+  EXPECT_EQ(jg["tied"], true);
+  EXPECT_EQ(jg["head"]["stored"], false);
+  EXPECT_EQ(jg["head"]["bytes"], 0);
+  const auto jt = inspect(fx + "/ct_models/tied");
+  EXPECT_EQ(jt["tied"], true);
+  if (jt["head"]["stored"] == false) EXPECT_EQ(jt["head"]["bytes"], 0);
+}
+
+// The bench on a tiny shape: every row self-describing, the half-precision
+// baselines present or marked n/a with a reason, rows where fused is slower
+// than dense counted, and the verdict line last. (No timing assertions.)
+TEST_F(Cli, BenchVerdictOnTinyShape) {
+  const CliRun t = run("bench --shape 256x64 --m 1,2 --reps 3 --threads 2");
+  ASSERT_EQ(t.status, 0) << t.err;
+  const std::string& o = t.out;
+  EXPECT_NE(o.find("| dense | dense_bf16 | dense_f16 | fallback | fused |"), std::string::npos) << o;
+  EXPECT_NE(o.find("dense_f16: n/a: OpenBLAS has no f16"), std::string::npos) << o;
+  EXPECT_TRUE(std::regex_search(o, std::regex(R"(\nfused is slower than the best dense baseline in \d of 2 rows)"))) << o;
+  const std::regex verdict(R"(\nverdict: fused w4g64 M=1 \(256x64\) reads at \d+\.\d\d of the \d+\.\d GB/s ceiling, )"
+                           R"(\d+\.\dx (faster|slower) than the best baseline \((dense (f32|bf16) OpenBLAS|fallback: dequantize \+ OpenBLAS)\)\n$)");
+  EXPECT_TRUE(std::regex_search(o, verdict)) << o;
+  EXPECT_NE(o.find("qhead bench: qhead "), std::string::npos);
+  EXPECT_NE(o.find("command: "), std::string::npos);
+
+  const CliRun j = run("bench --json --shape 256x64 --m 1 --reps 3 --threads 2");
+  ASSERT_EQ(j.status, 0) << j.err;
+  const auto a = nlohmann::json::parse(j.out);
+  std::set<std::string> paths;
+  for (const auto& r : a) {
+    paths.insert(r["path"].get<std::string>());
+    for (const char* k : {"version", "commit", "device", "command", "date"})
+      EXPECT_TRUE(r[k].is_string() && !r[k].get<std::string>().empty()) << k << ": " << r;
+    EXPECT_NE(r["command"].get<std::string>().find("bench --json --shape 256x64"), std::string::npos);
+    if (r.contains("measured")) {
+      EXPECT_FALSE(r.contains("us_median")) << r;
+      EXPECT_EQ(r["note"].get<std::string>().rfind("n/a: ", 0), 0u) << r;
+    }
+    if (r["path"] == "fused") EXPECT_TRUE(r["slower_than_dense"].is_boolean()) << r;
+  }
+  for (const char* p : {"ceiling", "dense", "dense_bf16", "dense_f16", "fallback", "fused", "fused_topk", "verdict"})
+    EXPECT_TRUE(paths.count(p)) << p;
+  const auto& v = a.back();
+  EXPECT_EQ(v["path"], "verdict");
+  EXPECT_EQ(v["m"], 1);
+  EXPECT_GT(v["speedup_vs_best_baseline"].get<double>(), 0.0);
+  EXPECT_GT(v["read_ceiling_fraction"].get<double>(), 0.0);
+  EXPECT_GT(v["ceiling_gbps"].get<double>(), 0.0);
+  EXPECT_EQ(v["fused_rows"], 1);
+  EXPECT_EQ(v["line"].get<std::string>().rfind("verdict: fused w4g64 M=1 (256x64)", 0), 0u);
 }
 
 // The README's main job end to end (151936 x 1024 table, ~6 s in Release):

@@ -75,7 +75,7 @@ TEST(GgufTables, InspectGgufJson) {
   EXPECT_EQ(j["tied"], true);
   EXPECT_EQ(j["hidden"], 576);
   EXPECT_EQ(j["embedding"]["ggml_type"], "Q8_0");
-  EXPECT_GT(j["table_bytes"].get<double>(), j["table_bytes_after_scheme"].get<double>());
+  EXPECT_GT(j["table_bytes"].get<double>(), j["table_bytes_after"].get<double>());
 }
 
 }  // namespace

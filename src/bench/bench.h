@@ -30,24 +30,28 @@ struct BenchConfig {
   std::string device = "cpu";              // "cpu" | "cuda"
   int64_t k = 50;                          // top-k
   bool json = false;                       // output format (the CLI's business)
-  int reps = 0;                            // timed calls per path; 0: auto (>= 5, about 1 s)
+  int reps = 0;                            // timed calls per path; 0: auto (>= 5, about 1 s, at most 50)
   std::string act = "f16";                 // CUDA: activations, scales and the dense baseline, f16 | bf16
 };
 
-// The default cases: 151936x1024 (w4g64, w8g128), 50304x512 (w4g64),
-// 128256x4096 (w4g128), 262144x640 (w4g64).
+// The default cases, five real-model shapes: 151936x1024 (w4g64, w8g128),
+// 50304x512 (w4g64), 128256x4096 (w4g128), 262144x640 (w4g64).
 std::vector<BenchCase> default_cases();
 
 // One measurement. JSON field names are stable (scripts depend on them):
 // shape, scheme, m, path, us_median, gbps, bw_fraction, speedup_vs_dense,
-// and, when known, read_ceiling_fraction, matrix_fraction, note.
+// and, when known, read_ceiling_fraction, matrix_fraction, note. A baseline
+// the run cannot measure is one run-level row (shape "", measured = false)
+// whose note says why.
 struct BenchRow {
   std::string shape;   // "151936x1024" ("" for the ceiling row)
   std::string scheme;  // "w4g64" ("" for the ceiling row)
   int64_t m = 0;
   std::string path;    // "dense", "fallback", "fused", "fused_topk", "ceiling" (read bandwidth),
                        // "compute_ceiling" (CPU: f32 FMA rate), + device-specific extras
-                       // (CPU: "fused_int8", the opt-in int8-activation mode, where VNNI exists)
+                       // (CPU: "dense_bf16" / "dense_f16", the half-precision dense baselines;
+                       // "fused_int8", the opt-in int8-activation mode, where VNNI exists)
+  bool measured = true;  // false: a baseline this run cannot measure (the note says why)
   double us_median = 0.0;         // median µs per call
   double gbps = 0.0;              // table bytes read per call / time (the ceiling row: the measured bandwidth)
   double bw_fraction = 0.0;       // gbps / measured read bandwidth of the same run

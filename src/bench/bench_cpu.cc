@@ -1,15 +1,23 @@
 // run_cpu_bench: every CPU path on the same tables, against the memory read
 // bandwidth measured in the same run.
 //
-//   ceiling     a STREAM-like read over a buffer of at least 4x the
-//               last-level cache, on the same thread count — the fastest of
-//               a scalar loop of 64-bit adds and full-width vector loads
-//               without / with software prefetch (the fused kernels'
-//               access); and
+//   ceiling     a STREAM-like read over a buffer of 4x the largest f32 table
+//               of the run up to 1 GiB, and at least 4x the last-level cache,
+//               on the same thread count — the fastest of a scalar
+//               loop of 64-bit adds and full-width vector loads without /
+//               with software prefetch (the fused kernels' access); and
 //               the f32 FMA rate of the active ISA on all threads (the
 //               compute ceiling: `matrix_fraction` of each row is its
 //               multiply-adds per second over that rate)
 //   dense       OpenBLAS SGEMV (M = 1) / SGEMM on the f32 table
+//   dense_bf16  OpenBLAS SBGEMV / SBGEMM on a bf16 copy of the table (bf16
+//               activations, f32 output) — what a user who keeps the dense
+//               table in bf16 runs — where the OpenBLAS loaded exports them
+//               (looked up at run time: Debian's 0.3.21 declares them in
+//               cblas.h but is built without BUILD_BFLOAT16); otherwise one
+//               run-level row, measured = false, says why
+//   dense_f16   always such a row: OpenBLAS has no f16 GEMM/GEMV, and
+//               converting to f32 first is the dense row's work plus a copy
 //   fallback    qhead::logits_fallback: dequantize the whole table + SGEMM
 //   fused       qhead::logits (kAuto: the fused kernels of the best ISA)
 //   fused_topk  qhead::topk, k = cfg.k (the [M, V] logits are never written)
@@ -20,13 +28,22 @@
 //               agrees, per activation row
 //
 // Each path: 2 warm-up calls, then timed calls (cfg.reps, or >= 5 and about
-// 1 s), median reported; fused and fused_topk are timed alternately (their
-// ratio is a target, and two separate measurements drift apart by more than
-// the top-k's cost on this shared machine). Every call uses the next of N
-// copies of its table, N chosen so that the copies total >= 2x the LLC (this
-// machine's L3 is 260 MB); when memory forbids that, the row's note says the
-// table may be cache-resident.
+// 1 s, at most 50), median reported; fused and fused_topk are timed
+// alternately (their ratio is a target, and two separate measurements drift
+// apart by more than the top-k's cost on a shared machine). Per case the
+// qhead paths of every M run first, then the BLAS ones: OpenBLAS worker
+// threads spin for a while after each call and would take cores from the
+// fused kernels, so the fused paths wait 300 ms after the last BLAS call
+// (once per case, not per M). Every call uses the next of N copies of its
+// table, N chosen so that the copies total >= 2x the LLC; when memory
+// forbids that, the row's note says the table may be cache-resident.
+//
+// Fixed costs scale with the problem: the read-ceiling buffer with the
+// largest table (a 1000x256 run reads 4x the LLC, not 1 GiB: 15 passes per
+// reader instead of 7), the FMA burn is ~30 ms per call, and a small shape's
+// paths stop at 50 calls.
 #include <cblas.h>
+#include <dlfcn.h>
 #include <time.h>
 
 #include <algorithm>
@@ -34,8 +51,10 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
+#include <tuple>
 #include <string>
 #include <utility>
 #include <thread>
@@ -44,6 +63,7 @@
 #include "bench/bench.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/kernels.h"
+#include "qhead/dtype.h"
 #include "qhead/error.h"
 #include "qhead/ops.h"
 #include "qhead/parallel.h"
@@ -51,6 +71,7 @@
 
 namespace qhead::bench {
 
+// Five real-model shapes: Qwen3-0.6B (w4g64, w8g128), Pythia-70M, Llama-3-8B, Gemma-3-270M.
 std::vector<BenchCase> default_cases() {
   return {{151936, 1024, "w4g64"}, {151936, 1024, "w8g128"}, {50304, 512, "w4g64"},
           {128256, 4096, "w4g128"}, {262144, 640, "w4g64"}};
@@ -150,14 +171,24 @@ std::pair<double, double> time_median_pair(int reps, A&& a, B&& b, double* util_
   return {median(sa.t), median(sb.t)};
 }
 
-// The read ceiling: bytes / median time of a full pass over `buf`, the
-// fastest of three readers: a scalar loop of 64-bit adds (what the hardware
-// prefetchers alone give), and full-width vector loads of the active ISA
-// without and with software prefetch 4 KiB ahead (what the fused kernels
-// do). A kernel can then not look better than the memory by reading it in a
-// way the ceiling does not. *how: which reader won.
-double measure_read_gbps(int threads, int64_t llc, double* us, std::string* how = nullptr) {
-  const int64_t bytes = std::max<int64_t>(int64_t{1} << 30, 4 * llc);
+// The size of the read-ceiling buffer: 4x the largest f32 table of the run
+// (the most any path streams) up to 1 GiB, and never less than 4x the
+// last-level cache (STREAM's rule, so the ceiling is memory, not cache).
+int64_t read_buffer_bytes(const std::vector<BenchCase>& cases, int64_t llc) {
+  int64_t largest = 0;
+  for (const auto& c : cases) largest = std::max(largest, c.vocab * c.hidden * 4);
+  const int64_t cap = int64_t{1} << 30;
+  return std::max(largest > cap / 4 ? cap : 4 * largest, 4 * llc) / 4096 * 4096;
+}
+
+// The read ceiling: bytes / median time of a full pass over a buffer of
+// `bytes` (read_buffer_bytes), the fastest of three readers: a scalar loop of
+// 64-bit adds (what the hardware prefetchers alone give), and full-width
+// vector loads of the active ISA without and with software prefetch 4 KiB
+// ahead (what the fused kernels do). A kernel can then not look better than
+// the memory by reading it in a way the ceiling does not. *how: which reader
+// won.
+double measure_read_gbps(int threads, int64_t bytes, double* us, std::string* how = nullptr) {
   const int64_t words = bytes / 8;
   std::unique_ptr<uint64_t[]> buf(new uint64_t[static_cast<size_t>(words)]);
   // Touch every page with non-zero data (untouched zero pages all map to one
@@ -168,8 +199,12 @@ double measure_read_gbps(int threads, int64_t llc, double* us, std::string* how 
   volatile uint64_t sink = 0;
   const cpu::KernelTable* k = cpu::active_kernels();
   double best = 0.0;
+  // 7 passes of a 1 GiB buffer; more of a smaller one (up to 15, about 1 GiB
+  // read per reader), so that a pass shorter than a scheduler time slice
+  // does not make the median.
+  const int passes = static_cast<int>(std::clamp<int64_t>((int64_t{1} << 30) / bytes, 7, 15));
   for (int reader = 0; reader < (k != nullptr ? 3 : 1); ++reader) {
-    const double s = time_median(7, [&](int) {
+    const double s = time_median(passes, [&](int) {
       std::vector<uint64_t> part(static_cast<size_t>(std::max(1, threads)) * 8, 0);
       const int64_t chunk = (words + threads - 1) / threads / 64 * 64;  // a multiple of 512 bytes per thread
       parallel_for(threads, 1, [&](int64_t tb, int64_t te) {
@@ -262,9 +297,11 @@ std::string residency_note(int copies, size_t bytes, int64_t llc) {
 double measure_fma_rate(int threads) {
   const cpu::KernelTable* k = cpu::active_kernels();
   if (k == nullptr) return 0.0;
-  const int64_t iters = 20'000'000;
+  // ~30 ms per call at 10 G lane-FMAs/s per thread (AVX2, 8 lanes): the
+  // median of 5 is stable to about 1%.
+  const int64_t iters = 4'000'000;
   volatile float sink = 0.0f;
-  const double s = time_median(3, [&](int) {
+  const double s = time_median(5, [&](int) {
     parallel_for(threads, 1, [&](int64_t b, int64_t e) {
       for (int64_t t = b; t < e; ++t) sink = sink + k->fma_burn(iters);
     }, threads);
@@ -273,6 +310,40 @@ double measure_fma_rate(int threads) {
 }
 
 std::string shape_name(int64_t v, int64_t h) { return std::to_string(v) + "x" + std::to_string(h); }
+
+// OpenBLAS's bf16 GEMV / GEMM (bf16 matrix and vector, f32 output) where the
+// library loaded exports them: looked up at run time, so that a build against
+// a cblas.h that declares them still links to an OpenBLAS without them.
+struct Bf16Blas {
+  decltype(&cblas_sbgemv) gemv = nullptr;
+  decltype(&cblas_sbgemm) gemm = nullptr;
+  bool available() const { return gemv != nullptr && gemm != nullptr; }
+};
+
+Bf16Blas find_bf16_blas() {
+  Bf16Blas b;
+  void* gemv = dlsym(RTLD_DEFAULT, "cblas_sbgemv");
+  void* gemm = dlsym(RTLD_DEFAULT, "cblas_sbgemm");
+  static_assert(sizeof(gemv) == sizeof(b.gemv));
+  if (gemv != nullptr && gemm != nullptr) {  // object to function pointer: by its bytes (POSIX guarantees the form)
+    std::memcpy(&b.gemv, &gemv, sizeof gemv);
+    std::memcpy(&b.gemm, &gemm, sizeof gemm);
+  }
+  return b;
+}
+
+// The activations of one M, the same on every run: values in [-1, 1).
+Tensor make_x(int64_t m, int64_t h) {
+  Tensor x = Tensor::empty(DType::kF32, {m, h});
+  for (int64_t i = 0; i < m * h; ++i) x.ptr<float>()[i] = 2.0f * unit(0x51ull * static_cast<uint64_t>(i) + 7) - 1.0f;
+  return x;
+}
+
+std::vector<uint16_t> to_bf16(const float* p, int64_t n) {
+  std::vector<uint16_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = f32_to_bf16(p[i]);
+  return out;
+}
 
 }  // namespace
 
@@ -285,6 +356,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
   set_num_threads(threads);
   openblas_set_num_threads(threads);
   const int64_t llc = llc_bytes();
+  const int64_t read_bytes = read_buffer_bytes(cfg.cases, llc);
   std::vector<BenchRow> rows;
 
   // The ceilings are measured before the first case and again after each
@@ -293,7 +365,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
   // fraction).
   double ceil_us = 0.0;
   std::string ceil_how;
-  double bw = measure_read_gbps(threads, llc, &ceil_us, &ceil_how);
+  double bw = measure_read_gbps(threads, read_bytes, &ceil_us, &ceil_how);
   int n_ceiling = 1;
   {
     BenchRow r;
@@ -301,8 +373,8 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
     r.us_median = ceil_us;
     r.gbps = bw;
     r.bw_fraction = 1.0;
-    r.note = "STREAM-like read of " + std::to_string(std::max<int64_t>(int64_t{1} << 30, 4 * llc) >> 20) +
-             " MiB, " + std::to_string(threads) + " threads, LLC " + std::to_string(llc >> 20) +
+    r.note = "STREAM-like read of " + std::to_string(read_bytes >> 20) + " MiB (4x the largest f32 table up to 1 GiB, >= 4x LLC), " +
+             std::to_string(threads) + " threads, LLC " + std::to_string(llc >> 20) +
              " MiB, fastest of scalar / vector / vector+prefetch readers; CPU path " + cpu_isa_name(active_cpu_isa());
     rows.push_back(r);
   }
@@ -320,12 +392,35 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
   }
   const size_t ceiling_row = 0, fma_row = fma_rate > 0 ? 1 : 0;
 
+  // The half-precision dense baselines OpenBLAS offers, or why not.
+  const Bf16Blas bf16 = find_bf16_blas();
+  const std::string blas = openblas_get_config();
+  if (!bf16.available()) {
+    BenchRow r;
+    r.path = "dense_bf16";
+    r.measured = false;
+    r.note = "n/a: the OpenBLAS loaded (" + blas +
+             ") does not export cblas_sbgemv / cblas_sbgemm (built without BUILD_BFLOAT16)";
+    rows.push_back(r);
+  }
+  {
+    BenchRow r;
+    r.path = "dense_f16";
+    r.measured = false;
+    r.note = "n/a: OpenBLAS has no f16 GEMV / GEMM (" + blas +
+             "); converting the table to f32 first would be the dense row's work plus a copy, not a baseline";
+    rows.push_back(r);
+  }
+
+  Clock::time_point last_blas{};
+  bool blas_ran = false;
   for (const BenchCase& c : cfg.cases) {
     const QuantScheme scheme = QuantScheme::parse(c.scheme, DType::kBF16);
     scheme.check_hidden(c.hidden, "bench", "--shape");
     const std::string shape = shape_name(c.vocab, c.hidden);
+    const int64_t v = c.vocab, h = c.hidden;
     // The f32 table (kept for the dense path) and its quantized copies.
-    Tensor dense = make_dense(c.vocab, c.hidden, threads);
+    Tensor dense = make_dense(v, h, threads);
     const size_t dense_bytes = dense.nbytes();
     const Table packed0 = Table::packed(quantize_rtn(dense.view(), scheme, threads, shape));
     const size_t packed_bytes = packed0.nbytes();
@@ -333,63 +428,73 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
     const int n_packed = copies_for(packed_bytes, llc, 64);
     for (int i = 1; i < n_packed; ++i) packed.push_back(copy_packed(packed0));
     // Dense copies: as many as fit the same rule, but never more than 4 GB in all.
-    const int n_dense = copies_for(dense_bytes, llc, std::clamp<int>(static_cast<int>((int64_t{4} << 30) / static_cast<int64_t>(dense_bytes)), 1, 64));
+    auto dense_copies_for = [&](size_t bytes) {
+      return copies_for(bytes, llc,
+                        std::clamp<int>(static_cast<int>((int64_t{4} << 30) / static_cast<int64_t>(bytes)), 1, 64));
+    };
+    const int n_dense = dense_copies_for(dense_bytes);
     std::vector<Tensor> dense_copies;
     dense_copies.push_back(std::move(dense));
     for (int i = 1; i < n_dense; ++i) dense_copies.push_back(Tensor::copy_of(dense_copies[0].view()));
+    // bf16 copies of the same table (rounded to nearest even), where OpenBLAS has bf16.
+    std::vector<std::vector<uint16_t>> bf16_copies;
+    const size_t bf16_bytes = dense_bytes / 2;
+    if (bf16.available()) {
+      bf16_copies.push_back(to_bf16(dense_copies[0].ptr<float>(), v * h));
+      for (int i = 1; i < dense_copies_for(bf16_bytes); ++i) bf16_copies.push_back(bf16_copies[0]);
+    }
     const std::string packed_note = residency_note(n_packed, packed_bytes, llc);
     const std::string dense_note = residency_note(n_dense, dense_bytes, llc);
+    const std::string bf16_note =
+        bf16.available() ? residency_note(static_cast<int>(bf16_copies.size()), bf16_bytes, llc) : std::string();
+    const std::string fast = cpu::active_kernels() != nullptr && (scheme.bits == 4 || scheme.bits == 8) &&
+                                     h % 32 == 0 && scheme.group_len(h) % 32 == 0
+                                 ? std::string(cpu_isa_name(active_cpu_isa())) + " kernels"
+                                 : std::string("REFERENCE path (no fused kernel for this case)");
+    const bool int8 = cpu_int8_available() && (scheme.bits == 4 || scheme.bits == 8) && h % 32 == 0 &&
+                      scheme.group_len(h) % 32 == 0;
+    const int64_t k = std::min<int64_t>(cfg.k, v);
 
-    for (int64_t m : cfg.m) {
-      const int64_t v = c.vocab, h = c.hidden;
-      Tensor x(Tensor::empty(DType::kF32, {m, h}));
-      for (int64_t i = 0; i < m * h; ++i) x.ptr<float>()[i] = 2.0f * unit(0x51ull * static_cast<uint64_t>(i) + 7) - 1.0f;
+    // Per M: median seconds and CPU use of each path.
+    struct Result {
+      double t_fused = 0, t_topk = 0, t_int8 = 0, t_dense = 0, t_bf16 = 0, t_fallback = 0;
+      double u_fused = 0, u_topk = 0, u_int8 = 0, u_dense = 0, u_bf16 = 0, u_fallback = 0;
+      double int8_err = 0, int8_max = 0, bf16_err = 0, bf16_max = 0;
+      int64_t int8_top1 = 0;
+    };
+    std::vector<Result> res(cfg.m.size());
+
+    // The qhead paths of every M first, 300 ms after the last BLAS call of
+    // the run (OpenBLAS worker threads spin for a while after each call).
+    if (blas_ran) {
+      const double wait = 0.3 - seconds_since(last_blas);
+      if (wait > 0) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    }
+    for (size_t mi = 0; mi < cfg.m.size(); ++mi) {
+      const int64_t m = cfg.m[mi];
+      Result& r = res[mi];
+      const Tensor x = make_x(m, h);
       Tensor out = Tensor::empty(DType::kF32, {m, v});
-      const int64_t k = std::min<int64_t>(cfg.k, v);
       Tensor vals = Tensor::empty(DType::kF32, {m, k}), ids = Tensor::empty(DType::kI32, {m, k}),
              lse = Tensor::empty(DType::kF32, {m});
-
-      const double macs = static_cast<double>(m) * static_cast<double>(v) * static_cast<double>(h);
-      auto row = [&](const char* path, double s, size_t bytes, double util, const std::string& note) {
-        BenchRow r;
-        r.shape = shape;
-        r.scheme = c.scheme;
-        r.m = m;
-        r.path = path;
-        r.us_median = s * 1e6;
-        r.gbps = static_cast<double>(bytes) / s / 1e9;
-        if (fma_rate > 0) r.matrix_fraction = macs / s;  // divided by the run's largest FMA rate at the end
-        char u[64];
-        std::snprintf(u, sizeof u, "; cpu %.2f of %d threads", util, threads);
-        r.note = note + u;
-        return r;
-      };
-      double u_dense = 0, u_fallback = 0, u_fused = 0, u_topk = 0, u_int8 = 0;
-      // The fused paths first, after a pause: OpenBLAS worker threads spin for
-      // a while after each BLAS call and would take cores from them.
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));
       // Logits and top-k alternately: fused_topk / fused is a target ratio.
-      const auto [t_fused, t_topk] = time_median_pair(
+      std::tie(r.t_fused, r.t_topk) = time_median_pair(
           cfg.reps,
           [&](int i) { logits(packed[static_cast<size_t>(i) % packed.size()], x.view(), out.view()); },
           [&](int i) {
             topk(packed[static_cast<size_t>(i) % packed.size()], x.view(), k, vals.view(), ids.view(), lse.view());
           },
-          &u_fused, &u_topk);
+          &r.u_fused, &r.u_topk);
       // The opt-in int8-activation mode, and its difference from the exact
       // fused path on the first copy.
-      const bool int8 = cpu_int8_available() && (scheme.bits == 4 || scheme.bits == 8) && h % 32 == 0 &&
-                        scheme.group_len(h) % 32 == 0;
-      double t_int8 = 0.0, int8_err = 0.0, int8_max = 0.0;
-      int64_t int8_top1 = 0;
       if (int8) {
         Tensor exact = Tensor::empty(DType::kF32, {m, v});
         logits(packed[0], x.view(), exact.view());
         set_cpu_activations(CpuActivations::kInt8);
         try {
-          t_int8 = time_median(cfg.reps, [&](int i) {
+          r.t_int8 = time_median(cfg.reps, [&](int i) {
             logits(packed[static_cast<size_t>(i) % packed.size()], x.view(), out.view());
-          }, &u_int8);
+          }, &r.u_int8);
           logits(packed[0], x.view(), out.view());
         } catch (...) {
           set_cpu_activations(CpuActivations::kExact);
@@ -399,62 +504,107 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
         for (int64_t i = 0; i < m; ++i) {
           const float* e = exact.ptr<float>() + i * v;
           const float* q = out.ptr<float>() + i * v;
-          for (int64_t r = 0; r < v; ++r) {
-            int8_err = std::max(int8_err, static_cast<double>(std::fabs(q[r] - e[r])));
-            int8_max = std::max(int8_max, static_cast<double>(std::fabs(e[r])));
+          for (int64_t j = 0; j < v; ++j) {
+            r.int8_err = std::max(r.int8_err, static_cast<double>(std::fabs(q[j] - e[j])));
+            r.int8_max = std::max(r.int8_max, static_cast<double>(std::fabs(e[j])));
           }
-          if (std::max_element(e, e + v) - e == std::max_element(q, q + v) - q) ++int8_top1;
+          if (std::max_element(e, e + v) - e == std::max_element(q, q + v) - q) ++r.int8_top1;
         }
       }
-      const double t_dense = time_median(cfg.reps, [&](int i) {
+    }
+    // Then the BLAS paths of every M.
+    for (size_t mi = 0; mi < cfg.m.size(); ++mi) {
+      const int64_t m = cfg.m[mi];
+      Result& r = res[mi];
+      const Tensor x = make_x(m, h);
+      Tensor out = Tensor::empty(DType::kF32, {m, v});
+      const int iv = static_cast<int>(v), ih = static_cast<int>(h), im = static_cast<int>(m);
+      r.t_dense = time_median(cfg.reps, [&](int i) {
         const float* w = dense_copies[static_cast<size_t>(i) % dense_copies.size()].ptr<float>();
         if (m == 1)
-          cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(v), static_cast<int>(h), 1.0f, w,
-                      static_cast<int>(h), x.ptr<float>(), 1, 0.0f, out.ptr<float>(), 1);
+          cblas_sgemv(CblasRowMajor, CblasNoTrans, iv, ih, 1.0f, w, ih, x.ptr<float>(), 1, 0.0f, out.ptr<float>(), 1);
         else
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(v),
-                      static_cast<int>(h), 1.0f, x.ptr<float>(), static_cast<int>(h), w, static_cast<int>(h), 0.0f,
-                      out.ptr<float>(), static_cast<int>(v));
-      }, &u_dense);
-      const double t_fallback = time_median(cfg.reps, [&](int i) {
-        logits_fallback(packed[static_cast<size_t>(i) % packed.size()], x.view(), out.view());
-      }, &u_fallback);
-      BenchRow rd = row("dense", t_dense, dense_bytes, u_dense,
-                        std::string(m == 1 ? "OpenBLAS sgemv" : "OpenBLAS sgemm") + " on the f32 table; " + dense_note);
-      rd.speedup_vs_dense = 1.0;
-      rows.push_back(rd);
-      const std::string fast = cpu::active_kernels() != nullptr && (scheme.bits == 4 || scheme.bits == 8) &&
-                                       h % 32 == 0 && scheme.group_len(h) % 32 == 0
-                                   ? std::string(cpu_isa_name(active_cpu_isa())) + " kernels"
-                                   : std::string("REFERENCE path (no fused kernel for this case)");
-      for (auto [path, t, util, note] :
-           {std::tuple<const char*, double, double, std::string>{"fallback", t_fallback, u_fallback,
-                                                                 "dequantize to f32 + OpenBLAS; " + packed_note},
-            {"fused", t_fused, u_fused, fast + "; " + packed_note},
-            {"fused_topk", t_topk, u_topk, fast + ", k = " + std::to_string(k) + "; " + packed_note}}) {
-        BenchRow r = row(path, t, packed_bytes, util, note);
-        r.speedup_vs_dense = t_dense / t;
-        rows.push_back(r);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, im, iv, ih, 1.0f, x.ptr<float>(), ih, w, ih, 0.0f,
+                      out.ptr<float>(), iv);
+      }, &r.u_dense);
+      if (bf16.available()) {
+        // The f32 dense logits (every copy holds the same values): the bf16
+        // row shows its largest difference from them.
+        const Tensor ref = Tensor::copy_of(out.view());
+        const std::vector<uint16_t> xb = to_bf16(x.ptr<float>(), m * h);
+        auto call = [&](int i) {
+          const uint16_t* w = bf16_copies[static_cast<size_t>(i) % bf16_copies.size()].data();
+          if (m == 1)
+            bf16.gemv(CblasRowMajor, CblasNoTrans, iv, ih, 1.0f, w, ih, xb.data(), 1, 0.0f, out.ptr<float>(), 1);
+          else
+            bf16.gemm(CblasRowMajor, CblasNoTrans, CblasTrans, im, iv, ih, 1.0f, xb.data(), ih, w, ih, 0.0f,
+                      out.ptr<float>(), iv);
+        };
+        r.t_bf16 = time_median(cfg.reps, call, &r.u_bf16);
+        for (int64_t i = 0; i < m * v; ++i) {
+          r.bf16_err = std::max(r.bf16_err, static_cast<double>(std::fabs(out.ptr<float>()[i] - ref.ptr<float>()[i])));
+          r.bf16_max = std::max(r.bf16_max, static_cast<double>(std::fabs(ref.ptr<float>()[i])));
+        }
       }
+      r.t_fallback = time_median(cfg.reps, [&](int i) {
+        logits_fallback(packed[static_cast<size_t>(i) % packed.size()], x.view(), out.view());
+      }, &r.u_fallback);
+      last_blas = Clock::now();
+      blas_ran = true;
+    }
+
+    // The rows, per M: dense, dense_bf16, fallback, fused, fused_topk, fused_int8.
+    for (size_t mi = 0; mi < cfg.m.size(); ++mi) {
+      const int64_t m = cfg.m[mi];
+      const Result& q = res[mi];
+      const double macs = static_cast<double>(m) * static_cast<double>(v) * static_cast<double>(h);
+      auto row = [&](const char* path, double s, size_t bytes, double util, const std::string& note) {
+        BenchRow r;
+        r.shape = shape;
+        r.scheme = c.scheme;
+        r.m = m;
+        r.path = path;
+        r.us_median = s * 1e6;
+        r.gbps = static_cast<double>(bytes) / s / 1e9;
+        r.speedup_vs_dense = q.t_dense / s;
+        if (fma_rate > 0) r.matrix_fraction = macs / s;  // divided by the run's largest FMA rate at the end
+        char u[64];
+        std::snprintf(u, sizeof u, "; cpu %.2f of %d threads", util, threads);
+        r.note = note + u;
+        return r;
+      };
+      rows.push_back(row("dense", q.t_dense, dense_bytes, q.u_dense,
+                         std::string(m == 1 ? "OpenBLAS sgemv" : "OpenBLAS sgemm") + " on the f32 table; " + dense_note));
+      if (bf16.available()) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, " on a bf16 copy, bf16 x, f32 out: max |logit - dense| = %.3g (%.2g of max |logit|); ",
+                      q.bf16_err, q.bf16_max > 0 ? q.bf16_err / q.bf16_max : 0.0);
+        rows.push_back(row("dense_bf16", q.t_bf16, bf16_bytes, q.u_bf16,
+                           std::string(m == 1 ? "OpenBLAS sbgemv" : "OpenBLAS sbgemm") + buf + bf16_note));
+      }
+      rows.push_back(row("fallback", q.t_fallback, packed_bytes, q.u_fallback,
+                         "dequantize to f32 + OpenBLAS; " + packed_note));
+      rows.push_back(row("fused", q.t_fused, packed_bytes, q.u_fused, fast + "; " + packed_note));
+      rows.push_back(row("fused_topk", q.t_topk, packed_bytes, q.u_topk,
+                         fast + ", k = " + std::to_string(k) + "; " + packed_note));
       if (int8) {
         char buf[256];
         std::snprintf(buf, sizeof buf,
                       "%s kernels, int8 activations (opt-in, per-32 block scales, VNNI): max |logit - fused| = %.3g "
                       "(%.2g of max |logit| %.3g), top-1 id same in %lld of %lld rows; %s",
-                      cpu_isa_name(active_cpu_isa()), int8_err, int8_max > 0 ? int8_err / int8_max : 0.0, int8_max,
-                      static_cast<long long>(int8_top1), static_cast<long long>(m), packed_note.c_str());
-        BenchRow r = row("fused_int8", t_int8, packed_bytes, u_int8, buf);
-        r.speedup_vs_dense = t_dense / t_int8;
-        r.max_abs_err = int8_err;
-        r.max_abs_logit = int8_max;
+                      cpu_isa_name(active_cpu_isa()), q.int8_err, q.int8_max > 0 ? q.int8_err / q.int8_max : 0.0,
+                      q.int8_max, static_cast<long long>(q.int8_top1), static_cast<long long>(m), packed_note.c_str());
+        BenchRow r = row("fused_int8", q.t_int8, packed_bytes, q.u_int8, buf);
+        r.max_abs_err = q.int8_err;
+        r.max_abs_logit = q.int8_max;
         rows.push_back(r);
       }
     }
     // Measure the ceilings again (the case's tables are still allocated: the
-    // read buffer is separate, 4x the LLC).
+    // read buffer is separate).
     double us = 0.0;
     std::string how;
-    const double bw_now = measure_read_gbps(threads, llc, &us, &how);
+    const double bw_now = measure_read_gbps(threads, read_bytes, &us, &how);
     if (bw_now > bw) {
       bw = bw_now;
       ceil_us = us;
@@ -465,7 +615,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
   }
   // Final fractions against the largest ceilings of the run.
   for (auto& r : rows) {
-    if (r.path == "ceiling" || r.path == "compute_ceiling") continue;
+    if (r.path == "ceiling" || r.path == "compute_ceiling" || !r.measured) continue;
     r.bw_fraction = r.gbps / bw;
     if (r.matrix_fraction) r.matrix_fraction = *r.matrix_fraction / fma_rate;  // was multiply-adds per second
   }
