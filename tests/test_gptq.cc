@@ -13,10 +13,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "qhead/cuda.h"
 #include "qhead/model.h"
+#include "qhead/model_write.h"
 #include "qhead/ops.h"
 #include "qhead/safetensors.h"
 #include "test_util.h"
@@ -498,6 +500,52 @@ TEST_P(GptqToolFixture, MatchesTheToolsOwnDequantization) {
   // And the ops on the converted head (act-order included) against the formula.
   check_ops(t.head, qt::to_f32(exact.view()), Backend::kAuto, false, 5);
   if (cuda::available()) check_ops(t.head, qt::to_f32(exact.view()), Backend::kAuto, true, 6);
+}
+
+// Every fixture GPTQ-quantizes the decoder's Linears too (q/k/v/o/gate/up/down
+// of layer 0, as real GPTQ/AutoRound exports do). Reading the roles does not
+// depend on that; writing cannot be done loadably (model_write.cc
+// refuse_gptq_modules), so every quantize request is refused before anything
+// is written, with the reason and what to do, and the input still reads.
+TEST_P(GptqToolFixture, QuantizeRefusesAllLayerExports) {
+  const ToolFixture& f = GetParam();
+  const std::string dir = std::string(QHEAD_FIXTURE_DIR) + "/gptq/" + f.dir;
+  // The fixture is an all-layer export (the premise of this test).
+  const SafetensorsFile st = SafetensorsFile::open(dir + "/model.safetensors");
+  for (const char* m : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                        "mlp.up_proj", "mlp.down_proj"})
+    EXPECT_TRUE(st.contains(std::string("model.layers.0.") + m + ".qweight")) << m;
+  const ModelInfo m = inspect_model(dir);
+  EXPECT_EQ(m.embedding.format, ModelInfo::Format::kDense);
+  EXPECT_EQ(m.embedding.dtype, std::string(f.dir).rfind("autoround", 0) == 0 ? DType::kBF16 : DType::kF16);
+  EXPECT_EQ(m.head.format, ModelInfo::Format::kGptq);
+
+  TempDir t;
+  const fs::path out = t.path / "out";
+  struct Ask {
+    const char* what;
+    std::optional<std::string> emb, head;
+    bool requantize;
+  };
+  for (const Ask& a : {Ask{"head", std::nullopt, "w4g32", true}, Ask{"head, no --requantize", std::nullopt, "w8", false},
+                       Ask{"embedding only", "w8", std::nullopt, false}, Ask{"both", "w4g64", "w4g64", true}}) {
+    SCOPED_TRACE(a.what);
+    ModelWriteOptions o;
+    o.embedding_scheme = a.emb;
+    o.head_scheme = a.head;
+    o.requantize = a.requantize;
+    const std::string msg = qt::expect_error([&] { write_quantized_model(dir, out.string(), o); }, ErrorCode::kUnsupported);
+    for (const char* frag : {"GPTQ-quantizes other modules", "model.layers.0.", "(7 modules)", "one quantization_config",
+                             "compressed-tensors has no format", "transformers", "qhead inspect",
+                             "run qhead quantize on the unquantized model"})
+      EXPECT_NE(msg.find(frag), std::string::npos) << "'" << frag << "' not in: " << msg;
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_TRUE(fs::is_empty(t.path)) << "a temporary directory was left behind";
+  }
+  // The input reads as before (the roles' values are MatchesTheToolsOwnDequantization's).
+  const TokenTables back = load_model_tables(dir);
+  EXPECT_TRUE(back.head.is_packed());
+  EXPECT_FALSE(back.embedding.is_packed());
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -372,6 +372,42 @@ size_t packed_bytes(const PackedTable& p) {
   return p.packed.nbytes() + p.scale.nbytes() + (p.scheme.symmetric ? 0 : p.zero_point.nbytes()) + 2 * sizeof(int64_t);
 }
 
+// A GPTQ checkpoint that GPTQ-quantizes modules besides the token-table roles
+// (every GPTQ / AutoRound export quantizes the decoder's Linears) cannot be
+// written so that the usual loaders read it: config.json holds ONE
+// quantization_config. Kept as GPTQ, the config cannot describe a
+// pack-quantized head (the GPTQ loaders read qweight/qzeros/scales only), and
+// compressed-tensors 0.20 has no format for GPTQ's tensors (its
+// CompressionFormat list: dense, int-/float-/naive-/pack-quantized, the
+// sparse, marlin-24, nv/mx-fp formats). A head written back in GPTQ form is
+// read by GPTQModel, but transformers' GPTQ loader (optimum 2.3's
+// GPTQQuantizer.convert_model) replaces only the Linears inside the decoder
+// blocks: it reports lm_head.qweight ... as unexpected and initializes lm_head
+// at random. So: kUnsupported, naming the modules and what the user can do;
+// inspect_model / load_model_tables read such checkpoints as they are.
+void refuse_gptq_modules(const InputFiles& in, const ModelInfo& info, const std::string& dir_s) {
+  std::vector<std::string> others;
+  for (const auto& [n, i] : in.where) {
+    (void)i;
+    if (!ends_with(n, ".qweight")) continue;
+    const std::string mod = n.substr(0, n.size() - std::strlen(".qweight"));
+    if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor)) others.push_back(mod);
+  }
+  if (others.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < others.size() && i < 3; ++i) list += (i ? ", " : "") + others[i] + ".qweight";
+  if (others.size() > 3) list += ", ... (" + std::to_string(others.size()) + " modules)";
+  const std::string head = info.head.format == Format::kGptq ? "its GPTQ head" : "its head";
+  fail(ErrorCode::kUnsupported, dir_s,
+       "GPTQ-quantizes other modules besides the token table (" + list +
+           "); qhead quantize cannot write it loadably: config.json holds one quantization_config, a GPTQ one "
+           "cannot describe a compressed-tensors head, compressed-tensors has no format for the other modules' GPTQ "
+           "tensors, and a head written back in GPTQ form is dropped by transformers' GPTQ loader (it quantizes "
+           "only the decoder blocks' Linears and initializes lm_head at random). qhead reads this checkpoint as it "
+           "is (qhead inspect; the library's load_model_tables gives " + head +
+           " and embedding as tables); to get a compressed-tensors head, run qhead quantize on the unquantized model");
+}
+
 }  // namespace
 
 ModelWriteReport write_quantized_model(const std::string& dir_s, const std::string& out_s, const ModelWriteOptions& o) {
@@ -416,10 +452,12 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   const TokenTables tables = load_model_tables(dir_s, o.overrides, &info);
   json cfg = read_json(cfg_path);
   const json* existing_qc = nullptr;
-  // A GPTQ checkpoint converts only when its roles are all it quantizes (the
-  // other layers' GPTQ tensors have no place in a compressed-tensors config):
-  // the GPTQ config is then replaced by a fresh one.
+  // A GPTQ checkpoint converts only when its roles are all it quantizes: the
+  // GPTQ config is then replaced by a fresh compressed-tensors one. With other
+  // GPTQ modules no output is loadable (refuse_gptq_modules says why).
   const bool gptq = info.quant_method == "gptq";
+  const InputFiles in = open_inputs(dir);
+  if (gptq) refuse_gptq_modules(in, info, dir_s);
   if (cfg.contains("quantization_config") && !cfg["quantization_config"].is_null() && !gptq) {
     const json& qc = cfg["quantization_config"];
     const std::string method = qc.is_object() && qc.contains("quant_method") && qc["quant_method"].is_string()
@@ -476,19 +514,6 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   rep.vocab = info.vocab;
   rep.hidden = info.hidden;
   rep.tied = info.tied;
-
-  const InputFiles in = open_inputs(dir);
-  if (gptq) {
-    for (const auto& [n, i] : in.where) {
-      (void)i;
-      if (!ends_with(n, ".qweight")) continue;
-      const std::string mod = n.substr(0, n.size() - std::strlen(".qweight"));
-      if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor))
-        fail(ErrorCode::kUnsupported, dir_s,
-             "GPTQ-quantizes other modules too (" + mod + ".qweight ...): their GPTQ tensors cannot be carried into a "
-             "compressed-tensors config; qhead converts GPTQ checkpoints whose only quantized module is the head");
-    }
-  }
 
   // ---- quantize -----------------------------------------------------------------------
   struct Job {
