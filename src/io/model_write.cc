@@ -324,6 +324,92 @@ json make_quant_config(const json* existing, const std::vector<NewRole>& newly, 
   return qc;
 }
 
+// ---- one weight scheme per output -------------------------------------------------
+
+// The arguments compressed-tensors' decompression reads from a group's weights
+// (QuantizationArgs: type, num_bits, symmetric, strategy, group_size for the
+// group strategies, block_structure for blocks), with the library's defaults.
+json decompress_args(const json& w) {
+  if (!w.is_object()) return json();
+  auto get = [&](const char* k, const json& dflt) { return w.contains(k) && !w[k].is_null() ? w[k] : dflt; };
+  json a = {{"type", get("type", "int")}, {"num_bits", get("num_bits", 8)}, {"symmetric", get("symmetric", true)},
+            {"strategy", get("strategy", "tensor")}};
+  if (a["strategy"] == "group" || a["strategy"] == "tensor_group") a["group_size"] = get("group_size", json());
+  if (a["strategy"] == "block") a["block_structure"] = get("block_structure", json());
+  return a;
+}
+
+// "w4g32", "w8a", "float 8-bit (tensor)": a group's weights for a message.
+std::string weights_name(const json& w) {
+  const json a = decompress_args(w);
+  if (a.is_null()) return "no weights";
+  const std::string bits = a["num_bits"].is_number_integer() ? std::to_string(a["num_bits"].get<int>()) : a["num_bits"].dump();
+  const std::string strategy = a["strategy"].is_string() ? a["strategy"].get<std::string>() : a["strategy"].dump();
+  if (a["type"] != "int") return (a["type"].is_string() ? a["type"].get<std::string>() : a["type"].dump()) + " " + bits +
+                                 "-bit (" + strategy + ")";
+  std::string s = "w" + bits;
+  if (strategy == "group") s += "g" + (a["group_size"].is_number_integer() ? std::to_string(a["group_size"].get<int>()) : a["group_size"].dump());
+  else if (strategy != "channel") s += " (" + strategy + ")";
+  if (a["symmetric"] == false) s += "a";
+  return s;
+}
+
+// transformers 5.24 (integrations/compressed_tensors.py) decompresses every
+// dense module with ONE group's scheme, get_dense_scheme's: the first config
+// group, in the file's order, without a "re:" target naming experts (those
+// have their own, get_experts_scheme). A group whose weights decompress
+// differently is misread: a shape or zero-point error at best, values read
+// with the wrong bits and no error where the shapes fit. So every other group
+// with weights must decompress as that one (same arguments, same format).
+void check_one_weight_scheme(const json& qc, const std::string& where) {
+  if (!qc.contains("config_groups") || !qc["config_groups"].is_object() || qc["config_groups"].empty()) return;
+  const json& groups = qc["config_groups"];  // sorted by name: the order write_json writes them in
+  auto experts = [](const json& g) {
+    if (g.is_object() && g.contains("targets") && g["targets"].is_array())
+      for (const auto& t : g["targets"])
+        if (t.is_string() && t.get<std::string>().rfind("re:", 0) == 0 && t.get<std::string>().find("experts") != std::string::npos)
+          return true;
+    return false;
+  };
+  const std::string top_format = qc.contains("format") && qc["format"].is_string() ? qc["format"].get<std::string>()
+                                                                                   : std::string("pack-quantized");
+  auto format = [&](const json& g) {
+    return g.contains("format") && g["format"].is_string() ? g["format"].get<std::string>() : top_format;
+  };
+  auto weights = [](const json& g) { return g.is_object() && g.contains("weights") ? g["weights"] : json(); };
+  auto targets = [](const json& g) {
+    std::string t;
+    if (g.is_object() && g.contains("targets") && g["targets"].is_array())
+      for (const auto& x : g["targets"]) t += (t.empty() ? "" : ", ") + (x.is_string() ? x.get<std::string>() : x.dump());
+    return t;
+  };
+  std::string dense;
+  for (const auto& [name, g] : groups.items())
+    if (!experts(g)) {
+      dense = name;
+      break;
+    }
+  if (dense.empty()) return;  // experts only: each read with get_experts_scheme
+  const json& d = groups[dense];
+  std::string differ;
+  for (const auto& [name, g] : groups.items()) {
+    if (name == dense || experts(g) || weights(g).is_null()) continue;  // activation-only groups keep dense weights
+    if (decompress_args(weights(g)) == decompress_args(weights(d)) && format(g) == format(d)) continue;
+    differ += (differ.empty() ? "" : ", ") + name + " (" + targets(g) + ": " + weights_name(weights(g)) +
+              (format(g) != format(d) ? ", format " + format(g) : std::string()) + ")";
+  }
+  if (differ.empty()) return;
+  const std::string first = weights_name(weights(d));
+  fail(ErrorCode::kUnsupported, where,
+       "the output's quantization_config would have config groups with different weight schemes: " + dense + " (" +
+           targets(d) + ": " + first + ") and " + differ +
+           "; transformers decompresses every module with the first group's scheme (" + dense +
+           "'s) and fails on the others or, where the shapes fit, loads them wrong without an error. Give the "
+           "roles quantized here the scheme of the other groups (" + first +
+           "; an embedding and a head of different schemes cannot both be quantized), or pass --mixed-schemes "
+           "to write it anyway for loaders that read each group's scheme (compressed-tensors' ModelCompressor)");
+}
+
 // ---- paths -----------------------------------------------------------------------
 
 bool is_within(const fs::path& inner, const fs::path& outer) {
@@ -527,6 +613,40 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   std::vector<Job> jobs;
   if (se) jobs.push_back({&info.embedding, &tables.embedding, *se, packed_prefix(info.embedding.tensor), {}, &rep.embedding});
   if (sh && !info.tied) jobs.push_back({&info.head, &tables.head, *sh, packed_prefix(info.head.tensor), {}, &rep.head});
+  // The output's quantization_config, decided (and checked) before anything is
+  // quantized or written. A tied head stored as a second copy is dropped when
+  // the shared table is quantized.
+  const bool drop_head_copy = info.tied && se && info.head.stored && info.head.tensor != info.embedding.tensor;
+  json out_qc;
+  {
+    std::vector<NewRole> newly;
+    std::set<std::string> unassign;
+    for (const Job& j : jobs) {
+      newly.push_back({j.module, j.role == &info.embedding ? "Embedding" : "Linear", j.scheme});
+      unassign.insert(j.module);
+    }
+    // A tied head is not stored in the output (unless it is the embedding tensor itself).
+    std::string dropped_head;
+    if (info.tied && info.head.tensor != info.embedding.tensor) dropped_head = packed_prefix(info.head.tensor);
+    if (drop_head_copy) unassign.insert(dropped_head);
+    // Roles kept packed, and whether anything else is packed.
+    std::map<std::string, std::string> kept_packed;
+    if (!se && info.embedding.format == Format::kPackQuantized) kept_packed[packed_prefix(info.embedding.tensor)] = "Embedding";
+    if (!sh && info.head.format == Format::kPackQuantized && info.head.stored)
+      kept_packed[packed_prefix(info.head.tensor)] = "Linear";
+    bool others_packed = false;
+    const std::string suffix = ".weight_packed";
+    for (const auto& [n, i] : in.where) {
+      (void)i;
+      if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+      const std::string mod = n.substr(0, n.size() - suffix.size());
+      if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor)) others_packed = true;
+    }
+    out_qc = make_quant_config(existing_qc, newly, unassign, dropped_head, kept_packed, others_packed,
+                               cfg_path.string());
+    if (!o.mixed_schemes) check_one_weight_scheme(out_qc, dir_s);
+  }
+
   for (Job& j : jobs) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string label = std::string(j.role == &info.embedding ? "embedding " : "head ") + j.module;
@@ -563,8 +683,6 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
                                                                  : j.module + ".weight_packed";
     added[in.where.at(holder)].push_back(&j);
   }
-  // A tied head stored as a second copy is dropped when the shared table is quantized.
-  const bool drop_head_copy = info.tied && se && info.head.stored && info.head.tensor != info.embedding.tensor;
   if (drop_head_copy) remove_role(info.head);
   std::map<std::string, const TensorView*> added_views;  // tensor name -> what we wrote (for the check)
   std::map<std::string, std::string> added_file;         // tensor name -> file it was written to
@@ -642,34 +760,8 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   }
 
   // config.json: as it was, with the quantization_config.
-  {
-    std::vector<NewRole> newly;
-    std::set<std::string> unassign;
-    for (const Job& j : jobs) {
-      newly.push_back({j.module, j.role == &info.embedding ? "Embedding" : "Linear", j.scheme});
-      unassign.insert(j.module);
-    }
-    // A tied head is not stored in the output (unless it is the embedding tensor itself).
-    std::string dropped_head;
-    if (info.tied && info.head.tensor != info.embedding.tensor) dropped_head = packed_prefix(info.head.tensor);
-    if (drop_head_copy) unassign.insert(dropped_head);
-    // Roles kept packed, and whether anything else is packed.
-    std::map<std::string, std::string> kept_packed;
-    if (!se && info.embedding.format == Format::kPackQuantized) kept_packed[packed_prefix(info.embedding.tensor)] = "Embedding";
-    if (!sh && info.head.format == Format::kPackQuantized && info.head.stored)
-      kept_packed[packed_prefix(info.head.tensor)] = "Linear";
-    bool others_packed = false;
-    const std::string suffix = ".weight_packed";
-    for (const auto& [n, i] : in.where) {
-      (void)i;
-      if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-      const std::string mod = n.substr(0, n.size() - suffix.size());
-      if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor)) others_packed = true;
-    }
-    cfg["quantization_config"] = make_quant_config(existing_qc, newly, unassign, dropped_head, kept_packed,
-                                                   others_packed, cfg_path.string());
-    write_json(tmp.path / "config.json", cfg);
-  }
+  cfg["quantization_config"] = out_qc;
+  write_json(tmp.path / "config.json", cfg);
 
   // Every other file (tokenizer, generation config, ...), subdirectories included.
   for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
