@@ -118,7 +118,7 @@ CASES = [
     ("requant_untied_head_w4g64", "untied", "--head w4g64 --requantize --mixed-schemes"),
     ("requant_tied_w8a", "tied", "--embedding w8a --requantize"),
     ("requant_ignore_re_both", "ignore_re", "--embedding w4g32 --head w8 --requantize --mixed-schemes"),
-    ("requant_sharded_head_w4", "sharded_untied", "--head w4 --requantize"),
+    ("requant_sharded_head_w4", "sharded_untied", "--head w4 --requantize --mixed-schemes"),
 ]
 
 
