@@ -110,7 +110,8 @@ nlohmann::json quantize_file(const QuantizeArgs& a) {
       !a.head_tensor.empty())
     throw Error(ErrorCode::kInvalidArgument, "quantize",
                 a.input + " is a file: --embedding/--head/--requantize/--mixed-schemes/--force/--embedding-tensor/"
-                          "--head-tensor are for a model directory; for a .safetensors file give --tensor NAME --scheme SCHEME");
+                          "--head-tensor are for a model directory; for a .safetensors file give --tensor NAME "
+                          "--scheme SCHEME");
   if (a.tensor.empty() || a.scheme.empty())
     throw Error(ErrorCode::kInvalidArgument, "quantize",
                 a.input + " is a file: give --tensor NAME and --scheme SCHEME (or a model directory with "

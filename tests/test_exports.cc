@@ -23,7 +23,8 @@ TEST(Exports, TransformersLoadsWhatQuantizeWrites) {
   const std::filesystem::path script =
       std::filesystem::path(QHEAD_FIXTURE_DIR).parent_path().parent_path() / "scripts" / "check_transformers_load.py";
   ASSERT_TRUE(std::filesystem::exists(script)) << script;
-  const std::string cmd = std::string("'") + py + "' '" + script.string() + "' --qhead '" + QHEAD_CLI_PATH + "' 2>/dev/null";
+  const std::string cmd =
+      std::string("'") + py + "' '" + script.string() + "' --qhead '" + QHEAD_CLI_PATH + "' 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   ASSERT_NE(p, nullptr) << cmd;
   std::string out;

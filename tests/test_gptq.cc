@@ -527,14 +527,15 @@ TEST_P(GptqToolFixture, QuantizeRefusesAllLayerExports) {
     std::optional<std::string> emb, head;
     bool requantize;
   };
-  for (const Ask& a : {Ask{"head", std::nullopt, "w4g32", true}, Ask{"head, no --requantize", std::nullopt, "w8", false},
+  for (const Ask& a : {Ask{"head", std::nullopt, "w4g32", true}, Ask{"head, plain", std::nullopt, "w8", false},
                        Ask{"embedding only", "w8", std::nullopt, false}, Ask{"both", "w4g64", "w4g64", true}}) {
     SCOPED_TRACE(a.what);
     ModelWriteOptions o;
     o.embedding_scheme = a.emb;
     o.head_scheme = a.head;
     o.requantize = a.requantize;
-    const std::string msg = qt::expect_error([&] { write_quantized_model(dir, out.string(), o); }, ErrorCode::kUnsupported);
+    const std::string msg =
+        qt::expect_error([&] { write_quantized_model(dir, out.string(), o); }, ErrorCode::kUnsupported);
     for (const char* frag : {"GPTQ-quantizes other modules", "model.layers.0.", "(7 modules)", "one quantization_config",
                              "compressed-tensors has no format", "transformers", "qhead inspect",
                              "run qhead quantize on the unquantized model"})

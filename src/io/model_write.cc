@@ -339,16 +339,17 @@ json decompress_args(const json& w) {
   return a;
 }
 
+// A JSON value as message text: a string as it is, anything else dumped.
+std::string text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
 // "w4g32", "w8a", "float 8-bit (tensor)": a group's weights for a message.
 std::string weights_name(const json& w) {
   const json a = decompress_args(w);
   if (a.is_null()) return "no weights";
-  const std::string bits = a["num_bits"].is_number_integer() ? std::to_string(a["num_bits"].get<int>()) : a["num_bits"].dump();
-  const std::string strategy = a["strategy"].is_string() ? a["strategy"].get<std::string>() : a["strategy"].dump();
-  if (a["type"] != "int") return (a["type"].is_string() ? a["type"].get<std::string>() : a["type"].dump()) + " " + bits +
-                                 "-bit (" + strategy + ")";
+  const std::string bits = text(a["num_bits"]), strategy = text(a["strategy"]);
+  if (a["type"] != "int") return text(a["type"]) + " " + bits + "-bit (" + strategy + ")";
   std::string s = "w" + bits;
-  if (strategy == "group") s += "g" + (a["group_size"].is_number_integer() ? std::to_string(a["group_size"].get<int>()) : a["group_size"].dump());
+  if (strategy == "group") s += "g" + text(a["group_size"]);
   else if (strategy != "channel") s += " (" + strategy + ")";
   if (a["symmetric"] == false) s += "a";
   return s;
@@ -367,8 +368,7 @@ void check_one_weight_scheme(const json& qc, const std::string& where) {
   auto experts = [](const json& g) {
     if (g.is_object() && g.contains("targets") && g["targets"].is_array())
       for (const auto& t : g["targets"])
-        if (t.is_string() && t.get<std::string>().rfind("re:", 0) == 0 && t.get<std::string>().find("experts") != std::string::npos)
-          return true;
+        if (t.is_string() && text(t).rfind("re:", 0) == 0 && text(t).find("experts") != std::string::npos) return true;
     return false;
   };
   const std::string top_format = qc.contains("format") && qc["format"].is_string() ? qc["format"].get<std::string>()
@@ -380,7 +380,7 @@ void check_one_weight_scheme(const json& qc, const std::string& where) {
   auto targets = [](const json& g) {
     std::string t;
     if (g.is_object() && g.contains("targets") && g["targets"].is_array())
-      for (const auto& x : g["targets"]) t += (t.empty() ? "" : ", ") + (x.is_string() ? x.get<std::string>() : x.dump());
+      for (const auto& x : g["targets"]) t += (t.empty() ? "" : ", ") + text(x);
     return t;
   };
   std::string dense;
@@ -631,7 +631,8 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
     if (drop_head_copy) unassign.insert(dropped_head);
     // Roles kept packed, and whether anything else is packed.
     std::map<std::string, std::string> kept_packed;
-    if (!se && info.embedding.format == Format::kPackQuantized) kept_packed[packed_prefix(info.embedding.tensor)] = "Embedding";
+    if (!se && info.embedding.format == Format::kPackQuantized)
+      kept_packed[packed_prefix(info.embedding.tensor)] = "Embedding";
     if (!sh && info.head.format == Format::kPackQuantized && info.head.stored)
       kept_packed[packed_prefix(info.head.tensor)] = "Linear";
     bool others_packed = false;
