@@ -549,6 +549,61 @@ TEST_P(GptqToolFixture, QuantizeRefusesAllLayerExports) {
   EXPECT_FALSE(back.embedding.is_packed());
 }
 
+// The usual export: the decoder's Linears GPTQ-quantized, lm_head left dense
+// (lm_head: false). Made from each fixture by storing its head as a dense F16
+// lm_head.weight (the tool's own dequantization). Both roles read as stored;
+// quantize is refused as for the fixtures themselves.
+TEST_P(GptqToolFixture, DenseHeadBesideGptqLayers) {
+  const ToolFixture& f = GetParam();
+  const fs::path src = fs::path(QHEAD_FIXTURE_DIR) / "gptq" / f.dir;
+  TempDir t;
+  const fs::path dir = t.path / "in";
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(src))
+    if (e.path().filename() != "model.safetensors" && e.path().filename() != "config.json")
+      fs::copy_file(e.path(), dir / e.path().filename());
+  const SafetensorsFile in = SafetensorsFile::open((src / "model.safetensors").string());
+  const SafetensorsFile e = SafetensorsFile::open((src / "expected.safetensors").string());
+  const Tensor dequant = e.get("lm_head.dequant");  // f16-rounded values widened to F32
+  Tensor head = Tensor::empty(DType::kF16, dequant.shape());
+  for (int64_t i = 0; i < dequant.numel(); ++i) store_from_f32(head.data(), DType::kF16, i, dequant.ptr<float>()[i]);
+  SafetensorsWriter w;
+  std::vector<Tensor> keep;
+  for (const auto& n : in.names())
+    if (n.rfind("lm_head.", 0) != 0) {
+      keep.push_back(in.get(n));
+      w.add(n, keep.back().view());
+    }
+  w.add("lm_head.weight", head.view());
+  w.write((dir / "model.safetensors").string());
+  std::ifstream cin(src / "config.json");
+  json cfg = json::parse(cin);
+  cfg["quantization_config"]["lm_head"] = false;
+  cfg["quantization_config"].erase("dynamic");
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+
+  ModelInfo m;
+  const TokenTables tt = load_model_tables(dir.string(), {}, &m);
+  EXPECT_EQ(m.quant_method, "gptq");
+  EXPECT_EQ(m.head.format, ModelInfo::Format::kDense);
+  EXPECT_EQ(m.head.dtype, DType::kF16);
+  EXPECT_EQ(m.embedding.format, ModelInfo::Format::kDense);
+  ASSERT_FALSE(tt.head.is_packed());
+  const Tensor got = tt.head.to_dense_f32();
+  EXPECT_EQ(std::memcmp(got.data(), dequant.data(), dequant.nbytes()), 0) << "head";
+  const Tensor emb = tt.embedding.to_dense_f32();
+  EXPECT_EQ(std::memcmp(emb.data(), e.get("embed_tokens").data(), emb.nbytes()), 0) << "embedding";
+
+  ModelWriteOptions o;
+  o.head_scheme = "w4g32";
+  const std::string msg =
+      qt::expect_error([&] { write_quantized_model(dir.string(), (t.path / "out").string(), o); },
+                       ErrorCode::kUnsupported);
+  EXPECT_NE(msg.find("GPTQ-quantizes other modules"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gives its head and embedding"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(t.path / "out"));
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Tools, GptqToolFixture,
     ::testing::Values(ToolFixture{"autoround_w4g32_asym", 4, 32, false, 1, false, 320},
