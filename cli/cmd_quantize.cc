@@ -87,6 +87,7 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
   o.head_scheme = a.head;
   if (a.scale_dtype) o.scale_dtype = parse_scale_dtype(*a.scale_dtype);
   o.requantize = a.requantize;
+  o.mixed_schemes = a.mixed_schemes;
   o.force = a.force;
   o.threads = a.threads;
   o.overrides = {a.embedding_tensor, a.head_tensor};
@@ -98,11 +99,10 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
   const ModelWriteReport r = write_quantized_model(a.input, a.output, o);
   bar.done();
   nlohmann::json notes = nlohmann::json::array();
-  if (!r.tied && r.embedding.scheme && r.head.scheme &&
-      r.embedding.scheme->name() != r.head.scheme->name())
-    notes.push_back("the roles have different schemes (two config groups): compressed-tensors' own load path reads "
-                    "them, but transformers 5.24's from_pretrained decompresses every module with the first group's "
-                    "scheme and may fail or load wrong values (scripts/verify_ct_model.py)");
+  if (a.mixed_schemes)
+    notes.push_back("--mixed-schemes: config groups may have different weight schemes; compressed-tensors' "
+                    "ModelCompressor reads each group's, transformers decompresses every module with the first "
+                    "group's and misreads the others");
   nlohmann::json skipped = nlohmann::json::array();
   for (const auto& [f, why] : r.skipped_files) {
     skipped.push_back({{"file", f}, {"reason", why}});
@@ -127,10 +127,12 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
 }
 
 nlohmann::json quantize_file(const QuantizeArgs& a) {
-  if (a.embedding || a.head || a.requantize || a.force || !a.embedding_tensor.empty() || !a.head_tensor.empty())
+  if (a.embedding || a.head || a.requantize || a.mixed_schemes || a.force || !a.embedding_tensor.empty() ||
+      !a.head_tensor.empty())
     throw Error(ErrorCode::kInvalidArgument, "quantize",
-                a.input + " is a file: --embedding/--head/--requantize/--force/--embedding-tensor/--head-tensor "
-                          "are for a model directory; for a .safetensors file give --tensor NAME --scheme SCHEME");
+                a.input + " is a file: --embedding/--head/--requantize/--mixed-schemes/--force/--embedding-tensor/"
+                          "--head-tensor are for a model directory; for a .safetensors file give --tensor NAME "
+                          "--scheme SCHEME");
   if (a.tensor.empty() || a.scheme.empty())
     throw Error(ErrorCode::kInvalidArgument, "quantize",
                 a.input + " is a file: give --tensor NAME and --scheme SCHEME (or a model directory with "

@@ -40,6 +40,7 @@ struct QuantizeArgs {
   std::optional<std::string> embedding = std::nullopt;  // scheme for the embedding
   std::optional<std::string> head = std::nullopt;       // scheme for the head
   bool requantize = false;               // allow a scheme on an already quantized role
+  bool mixed_schemes = false;            // allow config groups with different weight schemes
   bool force = false;                    // replace a non-empty output directory
   std::string embedding_tensor = "";     // role tensor overrides
   std::string head_tensor = "";

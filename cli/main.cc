@@ -64,6 +64,9 @@ int run(int argc, char** argv) {
   quantize->add_option("--head", qa.head, "model dir: scheme for the head (tied: the shared table)");
   quantize->add_flag("--requantize", qa.requantize,
                      "model dir: quantize a role that is already packed, from its dequantized values");
+  quantize->add_flag("--mixed-schemes", qa.mixed_schemes,
+                     "model dir: allow config groups with different weight schemes (read by compressed-tensors' "
+                     "ModelCompressor; transformers reads every module with the first group's scheme)");
   quantize->add_flag("--force", qa.force, "model dir: replace an existing non-empty output directory");
   quantize->add_option("--embedding-tensor", qa.embedding_tensor, "model dir: embedding weight name (override)");
   quantize->add_option("--head-tensor", qa.head_tensor, "model dir: head weight name (override)");

@@ -74,7 +74,9 @@ decompress, rtn, kept). transformers' from_pretrained, informational:
 So outputs whose roles share one scheme (every tied model; untied with one
 scheme) load in transformers too; untied roles with different schemes load
 through compressed-tensors' own path only — a transformers 5.24 limitation
-(get_dense_scheme), which `qhead quantize` notes in its output.
+(get_dense_scheme). `qhead quantize` therefore refuses config groups with
+different weight schemes unless given --mixed-schemes, which the cases with two
+schemes above pass (scripts/check_transformers_load.py checks the default).
 """
 import argparse
 import json
@@ -105,18 +107,18 @@ PARTS = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape")
 
 # (name, input, qhead arguments)
 CASES = [
-    ("untied_w4g32_w8a", "dense_untied", "--embedding w4g32 --head w8a"),
-    ("untied_w8g64a_w4", "dense_untied", "--embedding w8g64a --head w4"),
+    ("untied_w4g32_w8a", "dense_untied", "--embedding w4g32 --head w8a --mixed-schemes"),
+    ("untied_w8g64a_w4", "dense_untied", "--embedding w8g64a --head w4 --mixed-schemes"),
     ("untied_head_only_w4g32a", "dense_untied", "--head w4g32a"),
-    ("untied_f32_scales", "dense_untied", "--embedding w4g32 --head w8g32a --scale-dtype f32"),
+    ("untied_f32_scales", "dense_untied", "--embedding w4g32 --head w8g32a --scale-dtype f32 --mixed-schemes"),
     ("tied_w4g32a", "dense_tied", "--embedding w4g32a"),
     ("tied_w8", "dense_tied", "--head w8"),
     ("tied_twice_w4g64", "dense_tied_twice", "--embedding w4g64 --head w4g64"),
-    ("sharded_w4g64_w8g32a", "dense_sharded", "--embedding w4g64 --head w8g32a"),
-    ("requant_untied_head_w4g64", "untied", "--head w4g64 --requantize"),
+    ("sharded_w4g64_w8g32a", "dense_sharded", "--embedding w4g64 --head w8g32a --mixed-schemes"),
+    ("requant_untied_head_w4g64", "untied", "--head w4g64 --requantize --mixed-schemes"),
     ("requant_tied_w8a", "tied", "--embedding w8a --requantize"),
-    ("requant_ignore_re_both", "ignore_re", "--embedding w4g32 --head w8 --requantize"),
-    ("requant_sharded_head_w4", "sharded_untied", "--head w4 --requantize"),
+    ("requant_ignore_re_both", "ignore_re", "--embedding w4g32 --head w8 --requantize --mixed-schemes"),
+    ("requant_sharded_head_w4", "sharded_untied", "--head w4 --requantize --mixed-schemes"),
 ]
 
 

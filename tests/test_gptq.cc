@@ -13,10 +13,12 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "qhead/cuda.h"
 #include "qhead/model.h"
+#include "qhead/model_write.h"
 #include "qhead/ops.h"
 #include "qhead/safetensors.h"
 #include "test_util.h"
@@ -498,6 +500,108 @@ TEST_P(GptqToolFixture, MatchesTheToolsOwnDequantization) {
   // And the ops on the converted head (act-order included) against the formula.
   check_ops(t.head, qt::to_f32(exact.view()), Backend::kAuto, false, 5);
   if (cuda::available()) check_ops(t.head, qt::to_f32(exact.view()), Backend::kAuto, true, 6);
+}
+
+// Every fixture GPTQ-quantizes the decoder's Linears too (q/k/v/o/gate/up/down
+// of layer 0, as real GPTQ/AutoRound exports do). Reading the roles does not
+// depend on that; writing cannot be done loadably (model_write.cc
+// refuse_gptq_modules), so every quantize request is refused before anything
+// is written, with the reason and what to do, and the input still reads.
+TEST_P(GptqToolFixture, QuantizeRefusesAllLayerExports) {
+  const ToolFixture& f = GetParam();
+  const std::string dir = std::string(QHEAD_FIXTURE_DIR) + "/gptq/" + f.dir;
+  // The fixture is an all-layer export (the premise of this test).
+  const SafetensorsFile st = SafetensorsFile::open(dir + "/model.safetensors");
+  for (const char* m : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+                        "mlp.up_proj", "mlp.down_proj"})
+    EXPECT_TRUE(st.contains(std::string("model.layers.0.") + m + ".qweight")) << m;
+  const ModelInfo m = inspect_model(dir);
+  EXPECT_EQ(m.embedding.format, ModelInfo::Format::kDense);
+  EXPECT_EQ(m.embedding.dtype, std::string(f.dir).rfind("autoround", 0) == 0 ? DType::kBF16 : DType::kF16);
+  EXPECT_EQ(m.head.format, ModelInfo::Format::kGptq);
+
+  TempDir t;
+  const fs::path out = t.path / "out";
+  struct Ask {
+    const char* what;
+    std::optional<std::string> emb, head;
+    bool requantize;
+  };
+  for (const Ask& a : {Ask{"head", std::nullopt, "w4g32", true}, Ask{"head, plain", std::nullopt, "w8", false},
+                       Ask{"embedding only", "w8", std::nullopt, false}, Ask{"both", "w4g64", "w4g64", true}}) {
+    SCOPED_TRACE(a.what);
+    ModelWriteOptions o;
+    o.embedding_scheme = a.emb;
+    o.head_scheme = a.head;
+    o.requantize = a.requantize;
+    const std::string msg =
+        qt::expect_error([&] { write_quantized_model(dir, out.string(), o); }, ErrorCode::kUnsupported);
+    for (const char* frag : {"GPTQ-quantizes other modules", "model.layers.0.", "(7 modules)", "one quantization_config",
+                             "compressed-tensors has no format", "transformers", "qhead inspect",
+                             "run qhead quantize on the unquantized model"})
+      EXPECT_NE(msg.find(frag), std::string::npos) << "'" << frag << "' not in: " << msg;
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_TRUE(fs::is_empty(t.path)) << "a temporary directory was left behind";
+  }
+  // The input reads as before (the roles' values are MatchesTheToolsOwnDequantization's).
+  const TokenTables back = load_model_tables(dir);
+  EXPECT_TRUE(back.head.is_packed());
+  EXPECT_FALSE(back.embedding.is_packed());
+}
+
+// The usual export: the decoder's Linears GPTQ-quantized, lm_head left dense
+// (lm_head: false). Made from each fixture by storing its head as a dense F16
+// lm_head.weight (the tool's own dequantization). Both roles read as stored;
+// quantize is refused as for the fixtures themselves.
+TEST_P(GptqToolFixture, DenseHeadBesideGptqLayers) {
+  const ToolFixture& f = GetParam();
+  const fs::path src = fs::path(QHEAD_FIXTURE_DIR) / "gptq" / f.dir;
+  TempDir t;
+  const fs::path dir = t.path / "in";
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(src))
+    if (e.path().filename() != "model.safetensors" && e.path().filename() != "config.json")
+      fs::copy_file(e.path(), dir / e.path().filename());
+  const SafetensorsFile in = SafetensorsFile::open((src / "model.safetensors").string());
+  const SafetensorsFile e = SafetensorsFile::open((src / "expected.safetensors").string());
+  const Tensor dequant = e.get("lm_head.dequant");  // f16-rounded values widened to F32
+  Tensor head = Tensor::empty(DType::kF16, dequant.shape());
+  for (int64_t i = 0; i < dequant.numel(); ++i) store_from_f32(head.data(), DType::kF16, i, dequant.ptr<float>()[i]);
+  SafetensorsWriter w;
+  std::vector<Tensor> keep;
+  for (const auto& n : in.names())
+    if (n.rfind("lm_head.", 0) != 0) {
+      keep.push_back(in.get(n));
+      w.add(n, keep.back().view());
+    }
+  w.add("lm_head.weight", head.view());
+  w.write((dir / "model.safetensors").string());
+  std::ifstream cin(src / "config.json");
+  json cfg = json::parse(cin);
+  cfg["quantization_config"]["lm_head"] = false;
+  cfg["quantization_config"].erase("dynamic");
+  std::ofstream(dir / "config.json") << cfg.dump(2);
+
+  ModelInfo m;
+  const TokenTables tt = load_model_tables(dir.string(), {}, &m);
+  EXPECT_EQ(m.quant_method, "gptq");
+  EXPECT_EQ(m.head.format, ModelInfo::Format::kDense);
+  EXPECT_EQ(m.head.dtype, DType::kF16);
+  EXPECT_EQ(m.embedding.format, ModelInfo::Format::kDense);
+  ASSERT_FALSE(tt.head.is_packed());
+  const Tensor got = tt.head.to_dense_f32();
+  EXPECT_EQ(std::memcmp(got.data(), dequant.data(), dequant.nbytes()), 0) << "head";
+  const Tensor emb = tt.embedding.to_dense_f32();
+  EXPECT_EQ(std::memcmp(emb.data(), e.get("embed_tokens").data(), emb.nbytes()), 0) << "embedding";
+
+  ModelWriteOptions o;
+  o.head_scheme = "w4g32";
+  const std::string msg =
+      qt::expect_error([&] { write_quantized_model(dir.string(), (t.path / "out").string(), o); },
+                       ErrorCode::kUnsupported);
+  EXPECT_NE(msg.find("GPTQ-quantizes other modules"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gives its head and embedding"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(t.path / "out"));
 }
 
 INSTANTIATE_TEST_SUITE_P(

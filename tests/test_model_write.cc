@@ -166,6 +166,7 @@ TEST_F(ModelWrite, UntiedBothRolesRoundTrip) {
   ModelWriteOptions o;
   o.embedding_scheme = "w4g32";
   o.head_scheme = "w8a";
+  o.mixed_schemes = true;  // two schemes: refused by default (MixedSchemesRefusedByDefault)
   const ModelWriteReport r = write_quantized_model(in, out, o);
   EXPECT_TRUE(r.verified);
   EXPECT_FALSE(r.tied);
@@ -360,6 +361,7 @@ TEST_F(ModelWrite, RequantizeFromDequantizedValues) {
     ModelWriteOptions o;
     o.head_scheme = "w4g64";
     o.requantize = true;
+    o.mixed_schemes = true;  // the kept "Embedding" group is w4g32
     const ModelWriteReport r = write_quantized_model(ct_fixture(fx), out, o);
     EXPECT_EQ(r.head.action, "requantized");
     EXPECT_EQ(r.head.before, "w8a (BF16 scales)");
@@ -418,6 +420,7 @@ TEST_F(ModelWrite, RequantizeKeepsOtherGroupsAndIgnores) {
   o.embedding_scheme = "w4g32a";
   o.head_scheme = "w8g64";
   o.requantize = true;
+  o.mixed_schemes = true;
   write_quantized_model(ct_fixture("ignore_re"), out, o);
   const json qi = read_json(ct_fixture("ignore_re") + "/config.json")["quantization_config"];
   const json qc = read_json(fs::path(out) / "config.json")["quantization_config"];
@@ -489,6 +492,7 @@ TEST_F(ModelWrite, OtherPackedModulesKeepTheirGroups) {
   ASSERT_FALSE(inspect_model(in).head.scheme);
   ModelWriteOptions o;
   o.head_scheme = "w8";
+  o.mixed_schemes = true;  // the "Linear" group is w4g32
   write_quantized_model(in, path("out").string(), o);
   const json qc = read_json(path("out/config.json"))["quantization_config"];
   EXPECT_EQ(qc["ignore"], json::array());
@@ -559,6 +563,7 @@ TEST_F(ModelWrite, GptqHeadConvertsWithRequantize) {
     ASSERT_EQ(mi.head.format, ModelInfo::Format::kGptq);
     ModelWriteOptions o;
     o.embedding_scheme = "w8";
+    o.mixed_schemes = true;  // the head gets w4g64 below
     // The GPTQ head must get a scheme ...
     std::string msg = expect_error([&] { write_quantized_model(in, path("x").string(), o); }, ErrorCode::kUnsupported);
     EXPECT_NE(msg.find("GPTQ"), std::string::npos) << msg;
@@ -688,6 +693,7 @@ TEST_F(ModelWrite, QuantizeProgressReachesTheTotal) {
   ModelWriteOptions o;
   o.embedding_scheme = "w4g64";
   o.head_scheme = "w8";
+  o.mixed_schemes = true;
   std::map<std::string, std::pair<int64_t, int64_t>> last;
   o.progress = [&](const ModelWriteProgress& p) {
     if (p.stage == ModelWriteProgress::Stage::kQuantize) last[p.what] = {p.done, p.total};
@@ -696,6 +702,99 @@ TEST_F(ModelWrite, QuantizeProgressReachesTheTotal) {
   ASSERT_EQ(last.size(), 2u);
   EXPECT_EQ(last["embedding model.embed_tokens"], std::make_pair(kV, kV));
   EXPECT_EQ(last["head lm_head"], std::make_pair(kV, kV));
+}
+
+// ---- one weight scheme per output ------------------------------------------------------------
+
+// transformers decompresses every module with the first config group's scheme:
+// a w4g32 embedding with a w8 head loads the head with 4-bit codes and no error
+// (scripts/check_transformers_load.py). Refused unless mixed_schemes; nothing
+// is written.
+TEST_F(ModelWrite, MixedSchemesRefusedByDefault) {
+  const std::string in = make_dense("in", {});
+  ModelWriteOptions o;
+  o.embedding_scheme = "w4g32";
+  o.head_scheme = "w8";
+  std::string msg = expect_error([&] { write_quantized_model(in, path("out").string(), o); }, ErrorCode::kUnsupported);
+  for (const char* f : {"group_0 (model.embed_tokens: w4g32)", "group_1 (lm_head: w8)", "transformers",
+                        "first group's scheme", "--mixed-schemes"})
+    EXPECT_NE(msg.find(f), std::string::npos) << "'" << f << "' not in: " << msg;
+  EXPECT_FALSE(fs::exists(path("out")));
+  for (const auto& e : fs::directory_iterator(root_))
+    EXPECT_EQ(e.path().filename().string().find(".qhead-"), std::string::npos) << e.path();
+  // Symmetric and asymmetric of the same bits are different schemes too.
+  o.head_scheme = "w4g32a";
+  msg = expect_error([&] { write_quantized_model(in, path("out").string(), o); }, ErrorCode::kUnsupported);
+  EXPECT_NE(msg.find("group_1 (lm_head: w4g32a)"), std::string::npos) << msg;
+  // One scheme, one role, or mixed_schemes: written.
+  o.head_scheme = "w4g32";
+  EXPECT_TRUE(write_quantized_model(in, path("one").string(), o).verified);
+  o.mixed_schemes = true;
+  o.head_scheme = "w8";
+  EXPECT_TRUE(write_quantized_model(in, path("mixed").string(), o).verified);
+  EXPECT_EQ(*inspect_model(path("mixed").string()).head.scheme, S("w8"));
+}
+
+// A role requantized into a config that quantizes other modules: it must take
+// their scheme. The untied fixture's "Embedding" group is w4g32.
+TEST_F(ModelWrite, RequantizedRoleTakesTheKeptGroupsScheme) {
+  ModelWriteOptions o;
+  o.head_scheme = "w4g64";
+  o.requantize = true;
+  const std::string msg =
+      expect_error([&] { write_quantized_model(ct_fixture("untied"), path("out").string(), o); }, ErrorCode::kUnsupported);
+  EXPECT_NE(msg.find("group_0 (Embedding: w4g32) and group_1 (lm_head: w4g64)"), std::string::npos) << msg;
+  o.head_scheme = "w4g32";
+  write_quantized_model(ct_fixture("untied"), path("out").string(), o);
+  const json qc = read_json(path("out/config.json"))["quantization_config"];
+  ASSERT_EQ(qc["config_groups"].size(), 2u);
+  EXPECT_EQ(qc["config_groups"]["group_0"]["weights"], qc["config_groups"]["group_1"]["weights"]);
+  ModelInfo m;
+  const TokenTables t = load_model_tables(path("out").string(), {}, &m);
+  EXPECT_EQ(*m.head.scheme, S("w4g32"));
+  expect_role_is_rtn(t.head, load_model_tables(ct_fixture("untied")).head.to_dense_f32().view(), S("w4g32"));
+}
+
+// Groups of other weight arguments that decompress alike (defaults spelled out
+// or left out, observer settings) are one scheme; activation-only groups and
+// "re:" expert groups are not compared.
+TEST_F(ModelWrite, OneSchemeComparesDecompressionArguments) {
+  const std::string in = make_dense("in", {});
+  {  // up_proj packed w4g32, so that its group is kept
+    const std::string f = path("in/model.safetensors").string();
+    const SafetensorsFile sf = SafetensorsFile::open(f);
+    std::vector<Tensor> keep;
+    SafetensorsWriter w;
+    for (const auto& n : sf.names())
+      if (n != "model.layers.0.mlp.up_proj.weight") {
+        keep.push_back(Tensor::copy_of(sf.get(n).view()));
+        w.add(n, keep.back().view());
+      }
+    const PackedTable up = quantize_rtn(sf.get("model.layers.0.mlp.up_proj.weight").view(), S("w4g32"));
+    Tensor shape;
+    add_packed(w, "model.layers.0.mlp.up_proj", up, shape);
+    w.write(f);
+  }
+  json cfg = read_json(path("in/config.json"));
+  const json same = {{"num_bits", 4}, {"strategy", "group"}, {"group_size", 32}, {"observer", "minmax"}};
+  cfg["quantization_config"] = {
+      {"quant_method", "compressed-tensors"},
+      {"format", "pack-quantized"},
+      {"config_groups",
+       {{"group_0", {{"targets", {"re:.*mlp.up_proj$"}}, {"weights", same}}},
+        {"group_1", {{"targets", {"re:.*experts.*"}}, {"weights", {{"num_bits", 8}, {"strategy", "channel"}}}}},
+        {"group_2", {{"targets", {"re:.*self_attn.*"}}, {"weights", nullptr},
+                     {"input_activations", {{"num_bits", 8}, {"type", "float"}, {"dynamic", true}}}}}}},
+      {"ignore", json::array()}};
+  std::ofstream(path("in/config.json")) << cfg.dump(2);
+  ModelWriteOptions o;
+  o.head_scheme = "w4g32";
+  EXPECT_TRUE(write_quantized_model(in, path("out").string(), o).verified);
+  o.head_scheme = "w4g64";
+  const std::string msg = expect_error([&] { write_quantized_model(in, path("out2").string(), o); }, ErrorCode::kUnsupported);
+  EXPECT_NE(msg.find("group_0 (re:.*mlp.up_proj$: w4g32) and group_3 (lm_head: w4g64)"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("group_1"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("group_2"), std::string::npos) << msg;
 }
 
 // ---- the CLI's model mode -------------------------------------------------------------------
@@ -743,8 +842,16 @@ TEST_F(ModelWrite, CliModelMode) {
            "GGUF is not supported as a quantize input");
   one_line(run_cli("quantize " + in + " --tensor lm_head.weight --scheme w4g64 -o " + path("o6").string(), scratch),
            "--embedding");
+  const std::string untied = make_dense("in_untied", {});
+  one_line(run_cli("quantize " + untied + " --embedding w4g32 --head w8 -o " + path("o8").string(), scratch),
+           "--mixed-schemes");
+  r = run_cli("quantize " + untied + " --embedding w4g32 --head w8 --mixed-schemes --json -o " + path("o9").string(),
+              scratch);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(json::parse(r.out)["notes"].dump().find("--mixed-schemes"), std::string::npos) << r.out;
   // --requantize says so in the output.
-  r = run_cli("quantize " + ct_fixture("untied") + " --head w4g64 --requantize -o " + path("o7").string(), scratch);
+  r = run_cli("quantize " + ct_fixture("untied") + " --head w4g64 --requantize --mixed-schemes -o " + path("o7").string(),
+              scratch);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.out.find("requantized from its dequantized values"), std::string::npos) << r.out;
   // File mode still needs --tensor and --scheme.

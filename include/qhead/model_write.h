@@ -33,6 +33,17 @@
 //     dropped (one that matches it by regex or class is kUnsupported: removing
 //     it would change other modules).
 //
+// One weight scheme per output, unless `mixed_schemes`: every config group
+// with weights must have the weights (and format) of the group transformers
+// 5.24 decompresses every dense module with (get_dense_scheme: the first group,
+// in the file's order, without a "re:" target naming experts). With two
+// schemes it fails on the second (a shape or zero-point error) or, where the
+// shapes happen to fit (a w4 first group and a w8 head), loads the second with
+// the first's bits and no error (relative error ~1). Otherwise kUnsupported,
+// naming the groups and their schemes. That covers an embedding and a head
+// given different schemes, and a role given a scheme other than that of the
+// modules an existing compressed-tensors config already quantizes.
+//
 // Tied models (one table for both roles): ONE packed tensor is written, under
 // the embedding's module name; a second stored copy of the head is dropped.
 // One scheme only: different embedding and head schemes are kInvalidArgument;
@@ -46,7 +57,12 @@
 // head must get a scheme and `requantize` (its GPTQ tensors, act-order
 // included, are dequantized and RTN-quantized; they cannot be kept), the GPTQ
 // quantization config (and quantize_config.json) is replaced by a
-// compressed-tensors one. Other GPTQ modules are kUnsupported.
+// compressed-tensors one. A checkpoint that GPTQ-quantizes other modules too
+// (every GPTQ / AutoRound export of a whole model) is kUnsupported before any
+// other check: config.json holds one quantization_config, compressed-tensors
+// has no format for the other modules' GPTQ tensors, and a head written back
+// in GPTQ form is dropped by transformers' GPTQ loader (see
+// docs/architecture.md). inspect_model / load_model_tables read it as it is.
 //
 // Writing is atomic: everything goes into a temporary directory beside
 // out_dir (`.NAME.qhead-tmp-PID`, holding a QHEAD_INCOMPLETE marker, with
@@ -96,6 +112,12 @@ struct ModelWriteOptions {
   // role's own dtype; a requantized role's existing scale dtype).
   std::optional<DType> scale_dtype;
   bool requantize = false;  // allow a scheme on a role that is already quantized
+  // Write a quantization_config whose config groups have different weight
+  // schemes (e.g. a w4g32 embedding and a w8 head). Off: such an output is
+  // kUnsupported, because transformers (5.24) decompresses every module with
+  // ONE group's scheme and misreads the others; compressed-tensors' own
+  // ModelCompressor load path reads each group's scheme.
+  bool mixed_schemes = false;
   bool force = false;       // replace an existing non-empty out_dir
   int threads = 0;          // quantizer threads (<= 0: default)
   ModelOverrides overrides; // explicit role tensor names

@@ -332,6 +332,92 @@ json make_quant_config(const json* existing, const std::vector<NewRole>& newly, 
   return qc;
 }
 
+// ---- one weight scheme per output -------------------------------------------------
+
+// The arguments compressed-tensors' decompression reads from a group's weights
+// (QuantizationArgs: type, num_bits, symmetric, strategy, group_size for the
+// group strategies, block_structure for blocks), with the library's defaults.
+json decompress_args(const json& w) {
+  if (!w.is_object()) return json();
+  auto get = [&](const char* k, const json& dflt) { return w.contains(k) && !w[k].is_null() ? w[k] : dflt; };
+  json a = {{"type", get("type", "int")}, {"num_bits", get("num_bits", 8)}, {"symmetric", get("symmetric", true)},
+            {"strategy", get("strategy", "tensor")}};
+  if (a["strategy"] == "group" || a["strategy"] == "tensor_group") a["group_size"] = get("group_size", json());
+  if (a["strategy"] == "block") a["block_structure"] = get("block_structure", json());
+  return a;
+}
+
+// A JSON value as message text: a string as it is, anything else dumped.
+std::string text(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+// "w4g32", "w8a", "float 8-bit (tensor)": a group's weights for a message.
+std::string weights_name(const json& w) {
+  const json a = decompress_args(w);
+  if (a.is_null()) return "no weights";
+  const std::string bits = text(a["num_bits"]), strategy = text(a["strategy"]);
+  if (a["type"] != "int") return text(a["type"]) + " " + bits + "-bit (" + strategy + ")";
+  std::string s = "w" + bits;
+  if (strategy == "group") s += "g" + text(a["group_size"]);
+  else if (strategy != "channel") s += " (" + strategy + ")";
+  if (a["symmetric"] == false) s += "a";
+  return s;
+}
+
+// transformers 5.24 (integrations/compressed_tensors.py) decompresses every
+// dense module with ONE group's scheme, get_dense_scheme's: the first config
+// group, in the file's order, without a "re:" target naming experts (those
+// have their own, get_experts_scheme). A group whose weights decompress
+// differently is misread: a shape or zero-point error at best, values read
+// with the wrong bits and no error where the shapes fit. So every other group
+// with weights must decompress as that one (same arguments, same format).
+void check_one_weight_scheme(const json& qc, const std::string& where) {
+  if (!qc.contains("config_groups") || !qc["config_groups"].is_object() || qc["config_groups"].empty()) return;
+  const json& groups = qc["config_groups"];  // sorted by name: the order write_json writes them in
+  auto experts = [](const json& g) {
+    if (g.is_object() && g.contains("targets") && g["targets"].is_array())
+      for (const auto& t : g["targets"])
+        if (t.is_string() && text(t).rfind("re:", 0) == 0 && text(t).find("experts") != std::string::npos) return true;
+    return false;
+  };
+  const std::string top_format = qc.contains("format") && qc["format"].is_string() ? qc["format"].get<std::string>()
+                                                                                   : std::string("pack-quantized");
+  auto format = [&](const json& g) {
+    return g.contains("format") && g["format"].is_string() ? g["format"].get<std::string>() : top_format;
+  };
+  auto weights = [](const json& g) { return g.is_object() && g.contains("weights") ? g["weights"] : json(); };
+  auto targets = [](const json& g) {
+    std::string t;
+    if (g.is_object() && g.contains("targets") && g["targets"].is_array())
+      for (const auto& x : g["targets"]) t += (t.empty() ? "" : ", ") + text(x);
+    return t;
+  };
+  std::string dense;
+  for (const auto& [name, g] : groups.items())
+    if (!experts(g)) {
+      dense = name;
+      break;
+    }
+  if (dense.empty()) return;  // experts only: each read with get_experts_scheme
+  const json& d = groups[dense];
+  std::string differ;
+  for (const auto& [name, g] : groups.items()) {
+    if (name == dense || experts(g) || weights(g).is_null()) continue;  // activation-only groups keep dense weights
+    if (decompress_args(weights(g)) == decompress_args(weights(d)) && format(g) == format(d)) continue;
+    differ += (differ.empty() ? "" : ", ") + name + " (" + targets(g) + ": " + weights_name(weights(g)) +
+              (format(g) != format(d) ? ", format " + format(g) : std::string()) + ")";
+  }
+  if (differ.empty()) return;
+  const std::string first = weights_name(weights(d));
+  fail(ErrorCode::kUnsupported, where,
+       "the output's quantization_config would have config groups with different weight schemes: " + dense + " (" +
+           targets(d) + ": " + first + ") and " + differ +
+           "; transformers decompresses every module with the first group's scheme (" + dense +
+           "'s) and fails on the others or, where the shapes fit, loads them wrong without an error. Give the "
+           "roles quantized here the scheme of the other groups (" + first +
+           "; an embedding and a head of different schemes cannot both be quantized), or pass --mixed-schemes "
+           "to write it anyway for loaders that read each group's scheme (compressed-tensors' ModelCompressor)");
+}
+
 // ---- paths -----------------------------------------------------------------------
 
 bool is_within(const fs::path& inner, const fs::path& outer) {
@@ -492,6 +578,42 @@ void copy_other_files(const fs::path& dir, const fs::path& to, const std::functi
   }
 }
 
+// A GPTQ checkpoint that GPTQ-quantizes modules besides the token-table roles
+// (every GPTQ / AutoRound export quantizes the decoder's Linears) cannot be
+// written so that the usual loaders read it: config.json holds ONE
+// quantization_config. Kept as GPTQ, the config cannot describe a
+// pack-quantized head (the GPTQ loaders read qweight/qzeros/scales only), and
+// compressed-tensors 0.20 has no format for GPTQ's tensors (its
+// CompressionFormat list: dense, int-/float-/naive-/pack-quantized, the
+// sparse, marlin-24, nv/mx-fp formats). A head written back in GPTQ form is
+// read by GPTQModel, but transformers' GPTQ loader (optimum 2.3's
+// GPTQQuantizer.convert_model) replaces only the Linears inside the decoder
+// blocks: it reports lm_head.qweight ... as unexpected and initializes lm_head
+// at random. So: kUnsupported, naming the modules and what the user can do;
+// inspect_model / load_model_tables read such checkpoints as they are.
+void refuse_gptq_modules(const InputFiles& in, const ModelInfo& info, const std::string& dir_s) {
+  std::vector<std::string> others;
+  for (const auto& [n, i] : in.where) {
+    (void)i;
+    if (!ends_with(n, ".qweight")) continue;
+    const std::string mod = n.substr(0, n.size() - std::strlen(".qweight"));
+    if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor)) others.push_back(mod);
+  }
+  if (others.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < others.size() && i < 3; ++i) list += (i ? ", " : "") + others[i] + ".qweight";
+  if (others.size() > 3) list += ", ... (" + std::to_string(others.size()) + " modules)";
+  const std::string head = info.head.format == Format::kGptq ? "its GPTQ head" : "its head";
+  fail(ErrorCode::kUnsupported, dir_s,
+       "GPTQ-quantizes other modules besides the token table (" + list +
+           "); qhead quantize cannot write it loadably: config.json holds one quantization_config, a GPTQ one "
+           "cannot describe a compressed-tensors head, compressed-tensors has no format for the other modules' GPTQ "
+           "tensors, and a head written back in GPTQ form is dropped by transformers' GPTQ loader (it quantizes "
+           "only the decoder blocks' Linears and initializes lm_head at random). qhead reads this checkpoint as it "
+           "is (qhead inspect; the library's load_model_tables gives " + head +
+           " and embedding as tables); to get a compressed-tensors head, run qhead quantize on the unquantized model");
+}
+
 }  // namespace
 
 ModelWriteReport write_quantized_model(const std::string& dir_s, const std::string& out_s, const ModelWriteOptions& o) {
@@ -548,10 +670,12 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   const TokenTables tables = load_model_tables(dir_s, o.overrides, &info);
   json cfg = read_json(cfg_path);
   const json* existing_qc = nullptr;
-  // A GPTQ checkpoint converts only when its roles are all it quantizes (the
-  // other layers' GPTQ tensors have no place in a compressed-tensors config):
-  // the GPTQ config is then replaced by a fresh one.
+  // A GPTQ checkpoint converts only when its roles are all it quantizes: the
+  // GPTQ config is then replaced by a fresh compressed-tensors one. With other
+  // GPTQ modules no output is loadable (refuse_gptq_modules says why).
   const bool gptq = info.quant_method == "gptq";
+  const InputFiles in = open_inputs(dir);
+  if (gptq) refuse_gptq_modules(in, info, dir_s);
   if (cfg.contains("quantization_config") && !cfg["quantization_config"].is_null() && !gptq) {
     const json& qc = cfg["quantization_config"];
     const std::string method = qc.is_object() && qc.contains("quant_method") && qc["quant_method"].is_string()
@@ -609,19 +733,6 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   rep.hidden = info.hidden;
   rep.tied = info.tied;
 
-  const InputFiles in = open_inputs(dir);
-  if (gptq) {
-    for (const auto& [n, i] : in.where) {
-      (void)i;
-      if (!ends_with(n, ".qweight")) continue;
-      const std::string mod = n.substr(0, n.size() - std::strlen(".qweight"));
-      if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor))
-        fail(ErrorCode::kUnsupported, dir_s,
-             "GPTQ-quantizes other modules too (" + mod + ".qweight ...): their GPTQ tensors cannot be carried into a "
-             "compressed-tensors config; qhead converts GPTQ checkpoints whose only quantized module is the head");
-    }
-  }
-
   // ---- quantize -----------------------------------------------------------------------
   struct Job {
     const ModelInfo::Role* role;
@@ -634,6 +745,41 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   std::vector<Job> jobs;
   if (se) jobs.push_back({&info.embedding, &tables.embedding, *se, packed_prefix(info.embedding.tensor), {}, &rep.embedding});
   if (sh && !info.tied) jobs.push_back({&info.head, &tables.head, *sh, packed_prefix(info.head.tensor), {}, &rep.head});
+  // The output's quantization_config, decided (and checked) before anything is
+  // quantized or written. A tied head stored as a second copy is dropped when
+  // the shared table is quantized.
+  const bool drop_head_copy = info.tied && se && info.head.stored && info.head.tensor != info.embedding.tensor;
+  json out_qc;
+  {
+    std::vector<NewRole> newly;
+    std::set<std::string> unassign;
+    for (const Job& j : jobs) {
+      newly.push_back({j.module, j.role == &info.embedding ? "Embedding" : "Linear", j.scheme});
+      unassign.insert(j.module);
+    }
+    // A tied head is not stored in the output (unless it is the embedding tensor itself).
+    std::string dropped_head;
+    if (info.tied && info.head.tensor != info.embedding.tensor) dropped_head = packed_prefix(info.head.tensor);
+    if (drop_head_copy) unassign.insert(dropped_head);
+    // Roles kept packed, and whether anything else is packed.
+    std::map<std::string, std::string> kept_packed;
+    if (!se && info.embedding.format == Format::kPackQuantized)
+      kept_packed[packed_prefix(info.embedding.tensor)] = "Embedding";
+    if (!sh && info.head.format == Format::kPackQuantized && info.head.stored)
+      kept_packed[packed_prefix(info.head.tensor)] = "Linear";
+    bool others_packed = false;
+    const std::string suffix = ".weight_packed";
+    for (const auto& [n, i] : in.where) {
+      (void)i;
+      if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+      const std::string mod = n.substr(0, n.size() - suffix.size());
+      if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor)) others_packed = true;
+    }
+    out_qc = make_quant_config(existing_qc, newly, unassign, dropped_head, kept_packed, others_packed,
+                               cfg_path.string());
+    if (!o.mixed_schemes) check_one_weight_scheme(out_qc, dir_s);
+  }
+
   for (Job& j : jobs) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::string label = std::string(j.role == &info.embedding ? "embedding " : "head ") + j.module;
@@ -670,8 +816,6 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
                                                                  : j.module + ".weight_packed";
     added[in.where.at(holder)].push_back(&j);
   }
-  // A tied head stored as a second copy is dropped when the shared table is quantized.
-  const bool drop_head_copy = info.tied && se && info.head.stored && info.head.tensor != info.embedding.tensor;
   if (drop_head_copy) remove_role(info.head);
   std::map<std::string, const TensorView*> added_views;  // tensor name -> what we wrote (for the check)
   std::map<std::string, std::string> added_file;         // tensor name -> file it was written to
@@ -779,34 +923,8 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
 
   // config.json: as it was, with the quantization_config; written last, so
   // that a run killed before this point leaves no loadable directory.
-  {
-    std::vector<NewRole> newly;
-    std::set<std::string> unassign;
-    for (const Job& j : jobs) {
-      newly.push_back({j.module, j.role == &info.embedding ? "Embedding" : "Linear", j.scheme});
-      unassign.insert(j.module);
-    }
-    // A tied head is not stored in the output (unless it is the embedding tensor itself).
-    std::string dropped_head;
-    if (info.tied && info.head.tensor != info.embedding.tensor) dropped_head = packed_prefix(info.head.tensor);
-    if (drop_head_copy) unassign.insert(dropped_head);
-    // Roles kept packed, and whether anything else is packed.
-    std::map<std::string, std::string> kept_packed;
-    if (!se && info.embedding.format == Format::kPackQuantized) kept_packed[packed_prefix(info.embedding.tensor)] = "Embedding";
-    if (!sh && info.head.format == Format::kPackQuantized && info.head.stored)
-      kept_packed[packed_prefix(info.head.tensor)] = "Linear";
-    bool others_packed = false;
-    const std::string suffix = ".weight_packed";
-    for (const auto& [n, i] : in.where) {
-      (void)i;
-      if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-      const std::string mod = n.substr(0, n.size() - suffix.size());
-      if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor)) others_packed = true;
-    }
-    cfg["quantization_config"] = make_quant_config(existing_qc, newly, unassign, dropped_head, kept_packed,
-                                                   others_packed, cfg_path.string());
-    write_json(tmp.path / "config.json", cfg);
-  }
+  cfg["quantization_config"] = out_qc;
+  write_json(tmp.path / "config.json", cfg);
 
   // ---- re-open and check -------------------------------------------------------------------
   {
