@@ -4,6 +4,7 @@
 #include "qhead/model.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
