@@ -182,18 +182,16 @@ TEST_F(HostileModelDir, ConfigMustBeABoundedRegularFile) {
 TEST_F(HostileModelDir, TooManyJsonValuesAreRefused) {
   copy("ct_models/untied");
   const json orig = read("config.json");
-  // 7·10^5 config groups of three values each: more values than the reader takes.
-  std::string groups = "{";
-  for (int i = 0; i < 700000; ++i) groups += (i ? ",\"g" : "\"g") + std::to_string(i) + "\":{\"targets\":[\"x\"]}";
-  groups += "}";
+  // More values than the reader takes (each a small allocation: memory).
+  std::string zeros = "[0";
+  for (size_t i = 1; i <= (size_t(1) << 21); ++i) zeros += ",0";
+  zeros += "]";
   std::string t = orig.dump();
-  const size_t at = t.find("\"config_groups\":{");
-  ASSERT_NE(at, std::string::npos);
-  t.replace(at, std::strlen("\"config_groups\":"), "\"config_groups\":" + groups + ",\"old_groups\":");
+  t.insert(1, "\"x\": " + zeros + ",");
   write_text("config.json", t);
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kInvalidFile, {"config.json", "more than 2097152 values"});
   // 5000 groups fit the reader but not the config-group bound.
-  groups = "{";
+  std::string groups = "{";
   for (int i = 0; i < 5000; ++i) groups += (i ? ",\"g" : "\"g") + std::to_string(i) + "\":{\"targets\":[\"x\"]}";
   groups += "}";
   json c = orig;
@@ -237,6 +235,15 @@ TEST_F(HostileModelDir, DeeplyNestedAndOversizedPatternsAreRefused) {
                                      {"config.json", "quantization_config.ignore pattern \"aaaa", "\u2026\" (100000 bytes)",
                                       "is 100000 bytes", "at most 65536 bytes"});
   EXPECT_LT(m.size(), 1000u);
+  // Many patterns within the per-pattern bound, too many bytes together.
+  edit("config.json", [&](json& c) {
+    json ig = json::array();
+    for (int i = 0; i < 20; ++i) ig.push_back("re:" + std::to_string(i) + std::string(60000, 'a'));
+    c["quantization_config"]["ignore"] = ig;
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"config.json", "re: patterns add up to 1200", "at most 1048576"});
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
   // A counted repetition that compiles to a huge program.
   edit("config.json", [&](json& c) { c["quantization_config"]["ignore"] = {"re:((a{1000}){1000}){1000}"}; });
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"config.json", "a{1000}"});
@@ -274,6 +281,11 @@ TEST_F(HostileModelDir, GptqDynamicPatternsAreBoundedAndRefused) {
   // A lookahead: refused, naming the pattern.
   set_dynamic({{"-:(?!lm_head)", json::object()}});
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"config.json", "dynamic pattern", "(?!lm_head)"});
+  // Patterns too large together.
+  d = json::object();
+  for (int i = 0; i < 20; ++i) d["-:" + std::to_string(i) + std::string(60000, 'x')] = json::object();
+  set_dynamic(d);
+  expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"config.json", "dynamic patterns add up to", "at most 1048576"});
   // A huge pattern.
   set_dynamic({{"+:" + std::string(70000, 'x'), json::object()}});
   expect_error([&] { inspect_model(dir()); }, ErrorCode::kUnsupported, {"config.json", "at most 65536 bytes"});

@@ -7,8 +7,8 @@
 // - parses with a nesting bound (kMaxJsonDepth: nlohmann's dump, copy and
 //   comparison recurse, so a deeper value could overflow the stack later) and
 //   a bound on the number of values (kMaxJsonValues: memory);
-// - refuses a duplicate key in any object (nlohmann would keep the last one,
-//   Python's json the last one too, other readers the first);
+// - refuses a duplicate key in any object (nlohmann and Python's json keep
+//   the last one; a reader keeping the first would see another config);
 // and reports each as a qhead::Error naming the file. A value read this way
 // and any part of it can be dumped, copied and compared without deep recursion.
 //

@@ -4,6 +4,7 @@
 #include "qhead/model.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -221,6 +222,19 @@ std::optional<CtGroup> match_group(const json& qc, const std::string& module, co
   if (qc["config_groups"].size() > kMaxConfigGroups)
     unsupported(where, "quantization_config.config_groups has " + std::to_string(qc["config_groups"].size()) +
                            " groups; qhead reads at most " + std::to_string(kMaxConfigGroups));
+  // All the patterns together are bounded (compiling costs time per byte).
+  size_t pattern_bytes = 0;
+  auto add_pattern_bytes = [&](const json& list) {
+    if (!list.is_array()) return;
+    for (const auto& t : list)
+      if (t.is_string() && is_regex(t.get_ref<const std::string&>())) pattern_bytes += t.get_ref<const std::string&>().size();
+  };
+  if (qc.contains("ignore")) add_pattern_bytes(qc["ignore"]);
+  for (const auto& [g, s] : qc["config_groups"].items())
+    if (s.is_object() && s.contains("targets")) add_pattern_bytes(s["targets"]);
+  if (pattern_bytes > io::kMaxPatternBytesTotal)
+    unsupported(where, "quantization_config's re: patterns add up to " + std::to_string(pattern_bytes) +
+                           " bytes; qhead reads at most " + std::to_string(io::kMaxPatternBytesTotal));
   // target -> group; a later group naming the same target wins (an OrderedDict update).
   std::vector<std::string> order;
   std::map<std::string, std::string> target_group;
@@ -389,6 +403,11 @@ std::vector<std::pair<std::string, json>> dynamic_rules(const fs::path& file, bo
   if (d.size() > kMaxDynamicRules)
     unsupported(file.string(), "dynamic has " + std::to_string(d.size()) + " rules; qhead reads at most " +
                                    std::to_string(kMaxDynamicRules));
+  size_t pattern_bytes = 0;
+  for (const auto& [k, v] : d.items()) pattern_bytes += k.size();
+  if (pattern_bytes > io::kMaxPatternBytesTotal)
+    unsupported(file.string(), "the dynamic patterns add up to " + std::to_string(pattern_bytes) + " bytes; qhead reads at most " +
+                                   std::to_string(io::kMaxPatternBytesTotal));
   // Each rule's value is at most kMaxJsonDepth deep (the reader's bound), so
   // the dump and parse below stay shallow.
   for (const auto& [k, v] : d.items()) out.emplace_back(k, json::parse(v.dump()));

@@ -12,8 +12,11 @@ namespace qhead::io {
 namespace {
 
 // Compiled patterns by text; cleared when full (a checkpoint has few distinct
-// patterns, each matched against one or two module names per read).
+// patterns, each matched against one or two module names per read). Bounded
+// by count and by the programs' instructions (~16 bytes each) held.
 constexpr size_t kCacheEntries = 1024;
+constexpr int64_t kCacheInstructions = int64_t(1) << 20;
+int64_t cached_instructions = 0;  // guarded by cache_mutex()
 
 std::mutex& cache_mutex() {
   static std::mutex m;
@@ -45,8 +48,13 @@ std::shared_ptr<const RE2> compile(const std::string& pattern, const std::string
                 shown + " is not a regular expression qhead can match (" + escape_bytes(re->error(), 200) +
                     "; backreferences and lookaround are not supported)");
   const std::lock_guard<std::mutex> lock(cache_mutex());
-  if (cache().size() >= kCacheEntries) cache().clear();
-  cache().emplace(pattern, re);
+  const int64_t size = re->ProgramSize();
+  if (size > kCacheInstructions) return re;  // used once, not kept
+  if (cache().size() >= kCacheEntries || cached_instructions + size > kCacheInstructions) {
+    cache().clear();
+    cached_instructions = 0;
+  }
+  if (cache().emplace(pattern, re).second) cached_instructions += size;
   return re;
 }
 

@@ -17,7 +17,10 @@
 namespace qhead::io {
 
 constexpr size_t kMaxPatternBytes = size_t(64) << 10;  // longer patterns are refused
-constexpr int64_t kMaxPatternMemory = int64_t(8) << 20;  // RE2 max_mem per compiled pattern
+constexpr int64_t kMaxPatternMemory = int64_t(4) << 20;  // RE2 max_mem per compiled pattern
+// The patterns of one config together (compiling costs ~1 ms per KiB): the
+// readers refuse a config whose patterns add up to more.
+constexpr size_t kMaxPatternBytesTotal = size_t(1) << 20;
 
 // Python re.match(pattern, name) is not None. `where` (the file) and `what`
 // (the key holding the pattern, e.g. "quantization_config.ignore") name it in
