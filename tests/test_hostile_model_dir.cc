@@ -148,6 +148,7 @@ TEST_F(HostileModelDir, NestingAtTheBoundIsReadAndWritten) {
   ModelWriteOptions o;
   o.embedding_scheme = "w4g32";
   o.requantize = true;
+  o.mixed_schemes = true;  // the fixture's head keeps its w8a group
   const std::string out = (root_ / "out").string();
   const ModelWriteReport r = write_quantized_model(dir(), out, o);
   EXPECT_TRUE(r.verified);
@@ -396,15 +397,15 @@ TEST_F(HostileModelDir, SymlinkLoopsAreOneLineErrors) {
   o.head_scheme = "w4g32";
   expect_error([&] { write_quantized_model(d.string(), (root_ / "out").string(), o); }, ErrorCode::kIo,
                {"loop", "symbolic links"});
-  // The CLI reports them as library errors (exit 2), in one line.
+  // The CLI reports them as I/O errors (exit 4), in one line.
   for (const std::string& cmd : std::vector<std::string>{"inspect ", "quantize --head w4g32 --output " + (root_ / "out").string() + " "}) {
     const test::CliRun r = test::run_cli(cmd + d.string(), root_);
-    EXPECT_EQ(r.status, 2) << cmd << r.err;
+    EXPECT_EQ(r.status, 4) << cmd << r.err;
     EXPECT_NE(r.err.find("symbolic links"), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   }
   const test::CliRun r = test::run_cli("inspect " + dir(), root_);
-  EXPECT_EQ(r.status, 2) << r.err;
+  EXPECT_EQ(r.status, 4) << r.err;
   EXPECT_NE(r.err.find("config.json: cannot be read: Too many levels of symbolic links"), std::string::npos) << r.err;
   // quantize_config.json of a GPTQ directory.
   fs::remove_all(dir_);

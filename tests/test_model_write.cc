@@ -1049,5 +1049,15 @@ TEST_F(ModelWrite, ShardNamesAreFileNamesInsideTheDirectory) {
   EXPECT_EQ(leftover_temps(root_), std::vector<std::string>());
 }
 
+TEST_F(ModelWrite, OutputThatIsALinkLoopIsAnError) {
+  const std::string in = make_dense("in", {});
+  fs::create_symlink(path("loop"), path("loop"));
+  ModelWriteOptions o;
+  o.embedding_scheme = "w4g64";
+  const std::string msg = expect_error([&] { write_quantized_model(in, path("loop").string(), o); }, ErrorCode::kIo);
+  EXPECT_NE(msg.find("loop"), std::string::npos) << msg;
+  EXPECT_TRUE(fs::is_symlink(fs::symlink_status(path("loop"))));
+}
+
 }  // namespace
 }  // namespace qhead

@@ -653,10 +653,16 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   // of them had set aside goes back to out_dir before out_dir is looked at.
   const std::vector<std::string> cleaned = clean_stale_temps(cout.parent_path(), cout.filename().string(), out);
   bool out_exists = false;
-  if (fs::exists(out)) {
-    if (!fs::is_directory(out)) fail(ErrorCode::kInvalidArgument, out_s, "exists and is not a directory");
+  std::error_code oec;
+  const fs::file_status ost = fs::status(out, oec);
+  if (oec && oec != std::errc::no_such_file_or_directory)
+    fail(ErrorCode::kIo, out_s, "cannot be read: " + oec.message());  // a link that loops, a denied parent
+  if (fs::exists(ost)) {
+    if (!fs::is_directory(ost)) fail(ErrorCode::kInvalidArgument, out_s, "exists and is not a directory");
     out_exists = true;
-    if (!fs::is_empty(out)) {
+    const bool empty = fs::is_empty(out, oec);
+    if (oec) fail(ErrorCode::kIo, out_s, "cannot be listed: " + oec.message());
+    if (!empty) {
       if (!o.force)
         fail(ErrorCode::kInvalidArgument, out_s, "exists and is not empty (pass --force to replace it)");
       if (is_within(cin, cout))
