@@ -57,15 +57,6 @@ std::string human_bytes(double b) {
 
 namespace {
 
-// Whether `p` is a directory; a path stat cannot resolve (a link loop, no
-// permission) is a qhead::Error, not a std::filesystem exception.
-bool is_directory_checked(const std::string& p) {
-  std::error_code ec;
-  const bool d = std::filesystem::is_directory(p, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
-    throw qhead::Error(qhead::ErrorCode::kIo, p, "cannot be read: " + ec.message());
-  return d;
-}
 
 
 const std::string kPackedSuffix = ".weight_packed";
@@ -278,6 +269,16 @@ int run_inspect(const InspectArgs& a) {
     }
   }
   return 0;
+}
+
+// Whether `p` is a directory; a path stat cannot resolve (a link loop, no
+// permission) is a qhead::Error, not a std::filesystem exception.
+bool is_directory_checked(const std::string& p) {
+  std::error_code ec;
+  const bool d = std::filesystem::is_directory(p, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+    throw qhead::Error(qhead::ErrorCode::kIo, p, "cannot be read: " + ec.message());
+  return d;
 }
 
 }  // namespace qhead::cli

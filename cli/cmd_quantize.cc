@@ -29,15 +29,6 @@ namespace qhead::cli {
 
 namespace {
 
-// Whether `p` is a directory; a path stat cannot resolve (a link loop, no
-// permission) is a qhead::Error, not a std::filesystem exception.
-bool is_directory_checked(const std::string& p) {
-  std::error_code ec;
-  const bool d = std::filesystem::is_directory(p, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
-    throw qhead::Error(qhead::ErrorCode::kIo, p, "cannot be read: " + ec.message());
-  return d;
-}
 
 
 DType parse_scale_dtype(const std::string& s) {

@@ -102,4 +102,8 @@ BenchContext bench_context(const BenchArgs& a);
 // with the run's version, commit, device, command and date.
 nlohmann::json bench_row_json(const bench::BenchRow& r, const BenchContext& ctx);
 
+// Whether `p` is a directory; a path stat cannot resolve (a link loop, no
+// permission) is a qhead::Error (kIo), not a std::filesystem exception.
+bool is_directory_checked(const std::string& p);
+
 }  // namespace qhead::cli

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "qhead/error.h"
+#include "qhead/model.h"
 
 namespace qhead::fuzz {
 
@@ -86,6 +87,16 @@ void expect_only_qhead_errors(F&& body) {
   } catch (const qhead::Error& e) {
     if (verbose) std::fprintf(stderr, "qhead::Error: %s\n", e.what());
   }
+}
+
+// The model-directory targets: the input becomes `file` of the directory
+// `dir` (the other files fixed), which is then inspected and loaded.
+inline void run_model_dir_input(const fs::path& dir, const char* file, const uint8_t* data, size_t size) {
+  write_file(dir / file, data, size);
+  expect_only_qhead_errors([&] {
+    (void)inspect_model(dir.string());
+    (void)load_model_tables(dir.string());
+  });
 }
 
 }  // namespace qhead::fuzz

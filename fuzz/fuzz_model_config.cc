@@ -30,10 +30,6 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  fuzz::write_file(model_dir() / "config.json", data, size);
-  fuzz::expect_only_qhead_errors([&] {
-    (void)inspect_model(model_dir().string());
-    (void)load_model_tables(model_dir().string());
-  });
+  fuzz::run_model_dir_input(model_dir(), "config.json", data, size);
   return 0;
 }

@@ -57,17 +57,7 @@ constexpr int kMaxJsonDepth = 16;
 
 std::string errno_str(int err) { return std::strerror(err); }
 
-// What a stat mode is, for messages ("a FIFO").
-std::string file_kind(mode_t m) {
-  if (S_ISREG(m)) return "a regular file";
-  if (S_ISDIR(m)) return "a directory";
-  if (S_ISFIFO(m)) return "a FIFO";
-  if (S_ISSOCK(m)) return "a socket";
-  if (S_ISCHR(m)) return "a character device";
-  if (S_ISBLK(m)) return "a block device";
-  if (S_ISLNK(m)) return "a symbolic link";
-  return "not a regular file";
-}
+using io::file_kind;
 
 // A JSON value for an error message (ASCII only, non-ASCII as \uXXXX), cut
 // short so a huge header stays readable. Nesting is bounded at parse time.
