@@ -110,7 +110,8 @@ class BoundedDom {
     object_t& obj = stack_.back()->template get_ref<object_t&>();
     // The key is new (checked above): append without the map's own search.
     if constexpr (std::is_same_v<Json, nlohmann::ordered_json>) {
-      obj.std::vector<typename object_t::value_type>::emplace_back(std::move(k), nullptr);
+      using base_t = std::vector<typename object_t::value_type>;  // ordered_map is a vector of pairs
+      static_cast<base_t&>(obj).emplace_back(std::move(k), nullptr);
       slot_ = &obj.back().second;
     } else {
       slot_ = &obj.emplace(std::move(k), nullptr).first->second;
