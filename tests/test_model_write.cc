@@ -152,6 +152,25 @@ class ModelWrite : public ::testing::Test {
     }
   }
 
+  // Rewrites in/model.safetensors (made by make_dense("in")) with the decoder's
+  // up_proj packed w4g32 (compressed-tensors tensors) instead of dense.
+  void pack_up_proj_w4g32() {
+    const std::string f = path("in/model.safetensors").string();
+    const SafetensorsFile sf = SafetensorsFile::open(f);
+    std::vector<Tensor> keep;
+    SafetensorsWriter w;
+    for (const auto& n : sf.names())
+      if (n != "model.layers.0.mlp.up_proj.weight") {
+        keep.push_back(Tensor::copy_of(sf.get(n).view()));
+        w.add(n, keep.back().view());
+      }
+    const PackedTable up =
+        quantize_rtn(sf.get("model.layers.0.mlp.up_proj.weight").view(), QuantScheme::parse("w4g32", DType::kBF16));
+    Tensor shape;
+    add_packed(w, "model.layers.0.mlp.up_proj", up, shape);
+    w.write(f);
+  }
+
   fs::path root_;
   std::vector<Tensor> held_;
 };
@@ -466,21 +485,7 @@ TEST_F(ModelWrite, OtherPackedModulesKeepTheirGroups) {
   // ignored by name. Quantizing the head: its ignore entry goes, it gets an
   // exact target, and the "Linear" group stays (it still selects up_proj).
   const std::string in = make_dense("in", {});
-  {
-    const std::string f = path("in/model.safetensors").string();
-    const SafetensorsFile sf = SafetensorsFile::open(f);
-    std::vector<Tensor> keep;
-    SafetensorsWriter w;
-    for (const auto& n : sf.names())
-      if (n != "model.layers.0.mlp.up_proj.weight") {
-        keep.push_back(Tensor::copy_of(sf.get(n).view()));
-        w.add(n, keep.back().view());
-      }
-    const PackedTable up = quantize_rtn(sf.get("model.layers.0.mlp.up_proj.weight").view(), S("w4g32"));
-    Tensor shape;
-    add_packed(w, "model.layers.0.mlp.up_proj", up, shape);
-    w.write(f);
-  }
+  pack_up_proj_w4g32();
   json cfg = read_json(path("in/config.json"));
   const json group = {{"format", "pack-quantized"}, {"input_activations", nullptr}, {"output_activations", nullptr},
                       {"targets", {"Linear"}},
@@ -760,21 +765,7 @@ TEST_F(ModelWrite, RequantizedRoleTakesTheKeptGroupsScheme) {
 // "re:" expert groups are not compared.
 TEST_F(ModelWrite, OneSchemeComparesDecompressionArguments) {
   const std::string in = make_dense("in", {});
-  {  // up_proj packed w4g32, so that its group is kept
-    const std::string f = path("in/model.safetensors").string();
-    const SafetensorsFile sf = SafetensorsFile::open(f);
-    std::vector<Tensor> keep;
-    SafetensorsWriter w;
-    for (const auto& n : sf.names())
-      if (n != "model.layers.0.mlp.up_proj.weight") {
-        keep.push_back(Tensor::copy_of(sf.get(n).view()));
-        w.add(n, keep.back().view());
-      }
-    const PackedTable up = quantize_rtn(sf.get("model.layers.0.mlp.up_proj.weight").view(), S("w4g32"));
-    Tensor shape;
-    add_packed(w, "model.layers.0.mlp.up_proj", up, shape);
-    w.write(f);
-  }
+  pack_up_proj_w4g32();  // so that its group is kept
   json cfg = read_json(path("in/config.json"));
   const json same = {{"num_bits", 4}, {"strategy", "group"}, {"group_size", 32}, {"observer", "minmax"}};
   cfg["quantization_config"] = {
