@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "binding.h"
+#include "dlpack_exchange.h"
 #include "qhead/error.h"
 
 namespace qhead::py {
@@ -106,6 +107,7 @@ void fill_view(const ND& nd, const char* op, const char* name, TensorView& v) {
     expect *= n;
   }
   v.strides.clear();
+  if (expect == 0) dense = true;  // no elements: any strides (numpy gives 0s) address nothing
   if (!dense) {  // passed through: the ops' contiguity checks report it
     v.strides.resize(nd_dims);
     for (size_t i = 0; i < nd_dims; ++i) v.strides[i] = nd.stride(i);
@@ -123,10 +125,87 @@ void fill_view(const ND& nd, const char* op, const char* name, TensorView& v) {
   bad(op, std::string(name) + " must be an array (numpy, torch, anything with __dlpack__), got " + type_of(obj));
 }
 
-// What a Table keeps of a Python array: the object and its DLPack export.
+// ---- the DLPack C exchange API, per type -----------------------------------------------------
+
+struct TypeEntry {
+  PyTypeObject* type;               // a strong reference (the cache outlives any instance)
+  const dlx::ExchangeApi* api;      // nullptr: the type has none (numpy), use __dlpack__
+  bool writable;                    // the type has no read-only arrays (torch): outputs may take the fast path
+};
+constexpr int kCacheSize = 16;
+TypeEntry g_types[kCacheSize];
+int g_ntypes = 0;
+
+const dlx::ExchangeApi* lookup_api(PyTypeObject* tp, bool* writable) {
+  static PyObject* attr = PyUnicode_InternFromString("__dlpack_c_exchange_api__");
+  *writable = false;
+  PyObject* cap = _PyType_Lookup(tp, attr);  // borrowed; never raises
+  if (!cap || !PyCapsule_CheckExact(cap)) return nullptr;
+  auto* api = static_cast<const dlx::ExchangeApi*>(PyCapsule_GetPointer(cap, "dlpack_exchange_api"));
+  if (!api) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  if (api->header.version.major != 1 || !api->managed_tensor_from_py_object_no_sync) return nullptr;
+  // torch has no read-only tensors, so its non-owning export (which has no
+  // read-only flag) is safe for outputs; other producers' arrays may be read-only.
+  nb::handle mod = nb::handle(reinterpret_cast<PyObject*>(tp)).attr("__module__");
+  const char* m = PyUnicode_Check(mod.ptr()) ? PyUnicode_AsUTF8(mod.ptr()) : nullptr;
+  if (!m) PyErr_Clear();
+  *writable = m && (std::strncmp(m, "torch", 5) == 0 && (m[5] == '\0' || m[5] == '.'));
+  return api;
+}
+
+// The exchange API of obj's type (cached per type), or nullptr.
+const dlx::ExchangeApi* exchange_api(nb::handle obj, bool* writable) {
+  PyTypeObject* tp = Py_TYPE(obj.ptr());
+  for (int i = 0; i < g_ntypes; ++i)
+    if (g_types[i].type == tp) {
+      *writable = g_types[i].writable;
+      return g_types[i].api;
+    }
+  const dlx::ExchangeApi* api = nullptr;
+  try {
+    api = lookup_api(tp, writable);
+  } catch (const nb::python_error&) {
+    api = nullptr;
+    *writable = false;
+  }
+  if (g_ntypes < kCacheSize) {
+    Py_INCREF(reinterpret_cast<PyObject*>(tp));
+    g_types[g_ntypes++] = TypeEntry{tp, api, *writable};
+  }
+  return api;
+}
+
+// TensorView from a producer's DLTensor (non-owning export).
+void fill_view_dl(const nb::dlpack::dltensor& t, const char* op, const char* name, TensorView& v) {
+  struct Src {
+    const nb::dlpack::dltensor& t;
+    int device_type() const { return t.device.device_type; }
+    dl::dtype dtype() const { return t.dtype; }
+    const void* data() const { return static_cast<const char*>(t.data) + t.byte_offset; }
+    size_t ndim() const { return static_cast<size_t>(t.ndim); }
+    size_t shape(size_t i) const { return static_cast<size_t>(t.shape[i]); }
+    int64_t stride(size_t i) const {
+      if (t.strides) return t.strides[i];
+      int64_t s = 1;  // NULL strides: compact row-major
+      for (size_t j = i + 1; j < ndim(); ++j) s *= t.shape[j];
+      return s;
+    }
+  };
+  fill_view(Src{t}, op, name, v);
+}
+
+// What a Table keeps of a Python array: the object and its export (an owning
+// DLPack export through the exchange API, or nanobind's import of __dlpack__).
 struct Kept {
   nb::object obj;
   nb::ndarray<nb::ro> nd;
+  dlx::ManagedVersioned* managed = nullptr;
+  ~Kept() {
+    if (managed && managed->deleter) managed->deleter(managed);
+  }
 };
 
 bool interpreter_alive() {
@@ -137,90 +216,81 @@ bool interpreter_alive() {
 #endif
 }
 
-// torch tensors: torch's __dlpack__ is Python code (argument checks, stream
-// handling) costing ~5 us a call, most of the per-call overhead of an op.
-// For plain torch.Tensor / nn.Parameter objects the C function behind it,
-// torch._C._to_dlpack (~0.6 us), gives the same DLPack capsule. The op runs
-// on the stream the caller names (torch's current stream in the wrappers),
-// so __dlpack__'s stream synchronization is not needed. The types are looked
-// up the first time an object of a type named "Tensor" is seen (torch is
-// then imported already), never by importing torch.
-struct TorchFast {
-  PyTypeObject* tensor = nullptr;
-  PyTypeObject* parameter = nullptr;
-  nb::object to_dlpack;
-  bool looked = false;
-};
-
-TorchFast& torch_fast() {
-  static TorchFast* t = new TorchFast();  // never destroyed: no Python calls at exit
-  return *t;
-}
-
-// A DLPack capsule for a plain torch tensor, or an invalid object.
-nb::object torch_capsule(nb::handle obj) {
-  TorchFast& t = torch_fast();
-  PyTypeObject* tp = Py_TYPE(obj.ptr());
-  if (!t.looked) {
-    if (std::strcmp(tp->tp_name, "Tensor") != 0 && std::strcmp(tp->tp_name, "Parameter") != 0) return {};
-    t.looked = true;
-    try {
-      nb::module_ torch = nb::module_::import_("torch");
-      t.tensor = reinterpret_cast<PyTypeObject*>(nb::handle(torch.attr("Tensor")).inc_ref().ptr());
-      t.parameter = reinterpret_cast<PyTypeObject*>(nb::handle(torch.attr("nn").attr("Parameter")).inc_ref().ptr());
-      t.to_dlpack = torch.attr("_C").attr("_to_dlpack");
-    } catch (const nb::python_error&) {
-      t.tensor = t.parameter = nullptr;
-      return {};
-    }
-  }
-  if (tp != t.tensor && tp != t.parameter) return {};
-  PyObject* cap = PyObject_CallOneArg(t.to_dlpack.ptr(), obj.ptr());
-  if (!cap) {
-    PyErr_Clear();  // the generic path reports what is wrong
-    return {};
-  }
-  return nb::steal(cap);
-}
-
 }  // namespace
 
 void import_array(nb::handle obj, const char* op, const char* name, bool writable, ArrayArg& arg) {
+  arg.api = nullptr;
+  bool api_writable = false;
+  const dlx::ExchangeApi* api = exchange_api(obj, &api_writable);
+  if (api && api->dltensor_from_py_object_no_sync && (!writable || api_writable)) {
+    nb::dlpack::dltensor t;
+    if (api->dltensor_from_py_object_no_sync(obj.ptr(), &t) == 0) {
+      fill_view_dl(t, op, name, arg.view);
+      arg.api = api;
+      arg.device_id = t.device.device_id;
+      return;
+    }
+    PyErr_Clear();  // the __dlpack__ path below reports what is wrong
+  }
   // No conversion flag: an array is taken as it is or not at all (never copied).
-  const nb::object cap = torch_capsule(obj);
-  const nb::handle src = cap.is_valid() ? nb::handle(cap) : obj;
   if (writable) {
     nb::detail::make_caster<nb::ndarray<>> c;
-    if (!c.from_python(src, 0, nullptr)) {
+    if (!c.from_python(obj, 0, nullptr)) {
       PyErr_Clear();
       not_an_array(obj, op, name, true);
     }
     arg.out = std::move(c.value);
     fill_view(arg.out, op, name, arg.view);
+    arg.device_id = arg.out.device_id();
   } else {
     nb::detail::make_caster<nb::ndarray<nb::ro>> c;
-    if (!c.from_python(src, 0, nullptr)) {
+    if (!c.from_python(obj, 0, nullptr)) {
       PyErr_Clear();
       not_an_array(obj, op, name, false);
     }
     arg.in = std::move(c.value);
     fill_view(arg.in, op, name, arg.view);
+    arg.device_id = arg.in.device_id();
   }
+  if (api) arg.api = api;
+}
+
+void* current_stream_of(const ArrayArg& a) {
+  if (!a.api || !a.api->current_work_stream || a.view.device != Device::kCUDA) return nullptr;
+  void* s = nullptr;
+  if (a.api->current_work_stream(nb::device::cuda::value, a.device_id, &s) != 0) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  return s;
 }
 
 Tensor keep_array(nb::handle obj, const char* op, const char* name) {
-  ArrayArg a;
-  import_array(obj, op, name, false, a);
-  auto* k = new Kept{nb::borrow<nb::object>(obj), std::move(a.in)};
+  auto k = std::make_unique<Kept>();
+  k->obj = nb::borrow<nb::object>(obj);
+  TensorView view;
+  bool api_writable = false;
+  const dlx::ExchangeApi* api = exchange_api(obj, &api_writable);
+  dlx::ManagedVersioned* mt = nullptr;
+  if (api && api->managed_tensor_from_py_object_no_sync(obj.ptr(), &mt) == 0 && mt) {
+    k->managed = mt;
+    fill_view_dl(mt->dl_tensor, op, name, view);
+  } else {
+    if (api) PyErr_Clear();
+    ArrayArg a;
+    import_array(obj, op, name, false, a);
+    k->nd = std::move(a.in);
+    view = a.view;
+  }
   // The last reference may be dropped on a thread without the GIL (an op
   // running with the GIL released); at interpreter shutdown nothing is
   // released (the process is ending and the GIL cannot be taken).
-  std::shared_ptr<const void> owner(k, [](const Kept* p) {
+  std::shared_ptr<const void> owner(k.release(), [](const Kept* p) {
     if (!interpreter_alive()) return;
     nb::gil_scoped_acquire gil;
     delete p;
   });
-  return Tensor::borrow(std::move(owner), a.view);
+  return Tensor::borrow(std::move(owner), view);
 }
 
 nb::object export_tensor(const Tensor& t, bool read_only) {

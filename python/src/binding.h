@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 
+#include "dlpack_exchange.h"
 #include "qhead/quantize.h"
 #include "qhead/table.h"
 #include "qhead/tensor.h"
@@ -26,7 +27,8 @@ namespace nb = nanobind;
 // ---- arrays in -------------------------------------------------------------------------------
 //
 // Any object with __dlpack__ (numpy arrays, torch tensors on CPU or CUDA, the
-// arrays this module returns) or the buffer protocol is taken without a copy:
+// arrays this module returns) or the buffer protocol is taken without a copy
+// (torch tensors through the DLPack C exchange API, dlpack_exchange.h):
 // the view points at the caller's memory, with its shape, dtype, device and
 // strides (in elements). Strides are passed through as given, so a
 // non-contiguous array reaches the op and fails there with the op's own error.
@@ -39,10 +41,15 @@ struct ArrayArg {
   nb::ndarray<nb::ro> in;
   nb::ndarray<> out;
   TensorView view;
+  const dlx::ExchangeApi* api = nullptr;  // the producer's DLPack exchange API, when its type has one
+  int32_t device_id = 0;
 };
 // Fills `arg` from `obj`. `writable`: the op writes the array (an output); a
 // read-only array (a file mapping, a read-only numpy array) is then refused.
 void import_array(nb::handle obj, const char* op, const char* name, bool writable, ArrayArg& arg);
+// The producer's current CUDA stream for a CUDA array whose framework has the
+// DLPack exchange API (torch.cuda.current_stream()), else nullptr.
+void* current_stream_of(const ArrayArg& a);
 
 // An array kept by a C++ object (a Table): a Tensor whose owner holds a
 // reference to the Python object and its export, released with the GIL held,

@@ -7,9 +7,10 @@
 //
 // CUDA streams: qhead runs CUDA work on one process-wide stream
 // (cuda::set_stream). `stream` (a cudaStream_t as an integer) sets it for the
-// one call and restores the previous one after; calls on CUDA tables take a
-// lock for that, so a concurrent call without `stream` never runs on another
-// call's stream.
+// one call and restores the previous one after. Without `stream`, a call on
+// torch CUDA tensors runs on torch's current stream (asked through the DLPack
+// exchange API, no Python call), anything else on qhead's stream. Calls on
+// CUDA tables take a lock for this, so no call runs on another call's stream.
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
@@ -30,21 +31,25 @@ std::mutex& stream_mutex() {
   return m;
 }
 
-// Runs f() with the GIL released, on `stream` when the table is on CUDA.
+// Runs f() with the GIL released; on a CUDA table, on `stream`, else on the
+// current stream of `first`'s framework when it tells one.
 template <class F>
-void run(const Table& t, const std::optional<uintptr_t>& stream, F&& f) {
-  nb::gil_scoped_release nogil;
+void run(const Table& t, const std::optional<uintptr_t>& stream, const ArrayArg& first, F&& f) {
   if (t.device() != Device::kCUDA) {
+    nb::gil_scoped_release nogil;
     f();
     return;
   }
+  void* s = stream ? reinterpret_cast<void*>(*stream) : current_stream_of(first);
+  const bool set = stream.has_value() || s != nullptr;
+  nb::gil_scoped_release nogil;
   const std::lock_guard<std::mutex> lock(stream_mutex());
-  if (!stream) {
+  if (!set) {
     f();
     return;
   }
   void* prev = cuda::stream();
-  cuda::set_stream(reinterpret_cast<void*>(*stream));
+  cuda::set_stream(s);
   try {
     f();
   } catch (...) {
@@ -63,14 +68,14 @@ void register_ops(nb::module_& m) {
         ArrayArg i, o;
         import_array(ids, "embed", "ids", false, i);
         import_array(out, "embed", "out", true, o);
-        run(table.table, stream, [&] { embed(table.table, i.view, o.view); });
+        run(table.table, stream, i, [&] { embed(table.table, i.view, o.view); });
       },
       nb::arg("table"), nb::arg("ids").none(), nb::arg("out").none(), nb::kw_only(), nb::arg("stream").none() = nb::none(),
       nb::sig("def embed(table: Table, ids: object, out: object, *, stream: int | None = None) -> None"),
       "out[n, :] = row ids[n] of the table, dequantized.\n"
       "  ids  int32/int64 [N], each in [0, V)\n"
       "  out  f32/f16/bf16 [N, H], written\n"
-      "All arrays on the table's device, contiguous. stream: a cudaStream_t (CUDA tables).");
+      "All arrays on the table's device, contiguous. stream: a cudaStream_t for CUDA tables (default: torch's current stream for torch tensors, else qhead's).");
 
   m.def(
       "logits",
@@ -78,14 +83,14 @@ void register_ops(nb::module_& m) {
         ArrayArg a, o;
         import_array(x, "logits", "x", false, a);
         import_array(out, "logits", "out", true, o);
-        run(table.table, stream, [&] { logits(table.table, a.view, o.view); });
+        run(table.table, stream, a, [&] { logits(table.table, a.view, o.view); });
       },
       nb::arg("table"), nb::arg("x").none(), nb::arg("out").none(), nb::kw_only(), nb::arg("stream").none() = nb::none(),
       nb::sig("def logits(table: Table, x: object, out: object, *, stream: int | None = None) -> None"),
       "out[m, v] = sum_j x[m, j] * w[v, j], accumulated in f32.\n"
       "  x    f32/f16/bf16 [M, H]\n"
       "  out  f32 [M, V], written\n"
-      "All arrays on the table's device, contiguous. stream: a cudaStream_t (CUDA tables).");
+      "All arrays on the table's device, contiguous. stream: a cudaStream_t for CUDA tables (default: torch's current stream for torch tensors, else qhead's).");
 
   m.def(
       "topk",
@@ -96,7 +101,7 @@ void register_ops(nb::module_& m) {
         import_array(values, "topk", "values", true, v);
         import_array(ids, "topk", "ids", true, i);
         import_array(lse, "topk", "lse", true, l);
-        run(table.table, stream, [&] { topk(table.table, a.view, k, v.view, i.view, l.view); });
+        run(table.table, stream, a, [&] { topk(table.table, a.view, k, v.view, i.view, l.view); });
       },
       nb::arg("table"), nb::arg("x").none(), nb::arg("k"), nb::arg("values").none(), nb::arg("ids").none(), nb::arg("lse").none(),
       nb::kw_only(), nb::arg("stream").none() = nb::none(),
@@ -108,7 +113,7 @@ void register_ops(nb::module_& m) {
       "  values  f32 [M, k], written\n"
       "  ids     int32 [M, k], written\n"
       "  lse     f32 [M], written\n"
-      "1 <= k <= V. All arrays on the table's device, contiguous. stream: a cudaStream_t (CUDA tables).");
+      "1 <= k <= V. All arrays on the table's device, contiguous. stream: a cudaStream_t for CUDA tables (default: torch's current stream for torch tensors, else qhead's).");
 
   m.def(
       "rescore",
@@ -119,7 +124,7 @@ void register_ops(nb::module_& m) {
         import_array(candidates, "rescore", "candidates", false, c);
         import_array(values, "rescore", "values", true, v);
         import_array(ids, "rescore", "ids", true, i);
-        run(dense.table, stream, [&] { rescore(dense.table, a.view, c.view, v.view, i.view); });
+        run(dense.table, stream, a, [&] { rescore(dense.table, a.view, c.view, v.view, i.view); });
       },
       nb::arg("dense"), nb::arg("x").none(), nb::arg("candidates").none(), nb::arg("values").none(), nb::arg("ids").none(), nb::kw_only(),
       nb::arg("stream").none() = nb::none(),
@@ -131,7 +136,7 @@ void register_ops(nb::module_& m) {
       "  candidates  int32/int64 [M, k], each in [0, V)\n"
       "  values      f32 [M, k], written\n"
       "  ids         int32 [M, k], written\n"
-      "All arrays on the table's device, contiguous. stream: a cudaStream_t (CUDA tables).");
+      "All arrays on the table's device, contiguous. stream: a cudaStream_t for CUDA tables (default: torch's current stream for torch tensors, else qhead's).");
 
   m.def("set_num_threads", &set_num_threads, nb::arg("n"),
         "Worker threads of the CPU ops (the caller included); n <= 0: the default (hardware threads, or "
