@@ -75,11 +75,16 @@ void register_model(nb::module_& m) {
   m.def(
       "load_packed",
       [](const std::string& path, const std::string& prefix, nb::handle scheme) {
-        const auto s = opt_scheme(scheme, "load_packed");
+        auto s = opt_scheme(scheme, "load_packed");
+        const bool by_name = nb::isinstance<nb::str>(scheme);
         Table t;
         {
           nb::gil_scoped_release nogil;
           const SafetensorsFile f = SafetensorsFile::open(path);
+          // A scheme given by name takes its scale dtype from the file's scales.
+          const std::string scale = prefix + ".weight_scale";
+          if (s && by_name && f.contains(scale) && is_float_dtype(f.get(scale).dtype()))
+            s->scale_dtype = f.get(scale).dtype();
           t = load_packed(f, prefix, s);
         }
         PyTable p;
@@ -90,8 +95,8 @@ void register_model(nb::module_& m) {
       nb::arg("path"), nb::arg("prefix"), nb::arg("scheme").none() = nb::none(),
       nb::sig("def load_packed(path: str, prefix: str, scheme: Scheme | str | None = None) -> Table"),
       "The packed table `<prefix>.weight_packed`, `_scale`, [`_zero_point`] of a safetensors file, used in "
-      "place (mmap, zero copy; the arrays the table exposes are read-only). scheme overrides what the "
-      "tensors' shapes and the file's metadata say.");
+      "place (mmap, zero copy; the arrays the table exposes are read-only). scheme (a Scheme, or a name whose "
+      "scale dtype is the file's) overrides what the tensors' shapes and the file's metadata say.");
 
   nb::class_<ModelInfo::Role>(m, "Role", "How one role (embedding or head) of a model is stored.")
       .def_ro("tensor", &ModelInfo::Role::tensor, "Weight name, e.g. \"lm_head.weight\".")

@@ -181,9 +181,20 @@ void register_tables(nb::module_& m) {
             check_contiguous(p.scale.view(), op, "weight_scale");
             if (p.zero_point.defined()) check_contiguous(p.zero_point.view(), op, "weight_zero_point");
             if (p.col_perm.defined()) check_contiguous(p.col_perm.view(), op, "col_perm");
-            {
+            if (!p.scheme.symmetric && !p.zero_point.defined())
+              bad(op, "scheme " + p.scheme.name() + " is asymmetric: weight_zero_point is required");
+            // The arrays are the caller's arguments: what validation finds wrong with
+            // them is an invalid argument (the same checks name a file's tensors
+            // kInvalidFile when a loader runs them).
+            try {
               nb::gil_scoped_release nogil;  // validation reads every scale
               t.table = Table::packed(std::move(p), op);
+            } catch (const Error& e) {
+              if (e.code() != ErrorCode::kInvalidFile) throw;
+              std::string msg = e.what();
+              const std::string prefix = std::string(op) + ": ";
+              if (msg.rfind(prefix, 0) == 0) msg.erase(0, prefix.size());
+              throw Error(ErrorCode::kInvalidArgument, op, msg);
             }
             t.src_packed = nb::borrow(weight_packed);
             t.src_scale = nb::borrow(weight_scale);
