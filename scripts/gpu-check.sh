@@ -30,7 +30,7 @@ scripts/check-install.sh build-gpu > "$OUT_DIR/check-install.log" 2>&1 || status
 tail -3 "$OUT_DIR/check-install.log"
 
 step "Python package"
-"$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q \
+CMAKE_GENERATOR="Unix Makefiles" "$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q \
       -Cbuild-dir=build-gpu -Ccmake.define.QHEAD_TESTS=ON -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$ARCH" . \
       > "$OUT_DIR/pip.log" 2>&1 || { tail -30 "$OUT_DIR/pip.log"; exit 1; }
 HF_HUB_OFFLINE=1 "$PY" -m pytest -q -rs python/tests > "$OUT_DIR/pytest.log" 2>&1 || status=1
