@@ -149,7 +149,7 @@ const dlx::ExchangeApi* lookup_api(PyTypeObject* tp, bool* writable) {
   if (api->header.version.major != 1 || !api->managed_tensor_from_py_object_no_sync) return nullptr;
   // torch has no read-only tensors, so its non-owning export (which has no
   // read-only flag) is safe for outputs; other producers' arrays may be read-only.
-  nb::handle mod = nb::handle(reinterpret_cast<PyObject*>(tp)).attr("__module__");
+  nb::object mod = nb::handle(reinterpret_cast<PyObject*>(tp)).attr("__module__");
   const char* m = PyUnicode_Check(mod.ptr()) ? PyUnicode_AsUTF8(mod.ptr()) : nullptr;
   if (!m) PyErr_Clear();
   *writable = m && (std::strncmp(m, "torch", 5) == 0 && (m[5] == '\0' || m[5] == '.'));

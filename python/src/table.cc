@@ -262,7 +262,7 @@ void register_tables(nb::module_& m) {
                    "The [V, H] f32/f16/bf16 weight of a dense table (zero-copy view); None when packed.")
       .def("to_device", &to_device, nb::arg("device") = "cuda",
            "The table on \"cuda\" (one device allocation holding every tensor) or \"cpu\" (host copies); "
-           "the table itself when it is there already.")
+           "a table over the same storage when it is there already.")
       .def(
           "dequantize",
           [](const PyTable& t) {

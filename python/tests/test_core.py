@@ -246,6 +246,10 @@ def test_numpy_in_numpy_out():
     np.testing.assert_array_equal(i[:, 0], lg.argmax(1))
     with pytest.raises(qhead.UnsupportedError, match="embed: numpy has no bf16"):
         qhead.embed(t, np.array([1]), dtype="bf16")
+    # _C takes every output; a stream is ignored for CPU tables
+    out = poisoned(x, (2, 40), "f32")
+    assert qhead._C.logits(t, x, out, stream=0) is None
+    np.testing.assert_array_equal(out, lg)
 
 
 # ---- tables: zero copy, lifetime, storage --------------------------------------------------------
