@@ -138,7 +138,8 @@ void register_tables(nb::module_& m) {
       .def_prop_ro("scale_dtype", [](const QuantScheme& s) { return short_dtype_name(s.scale_dtype); },
                    "Dtype of the scales: \"f16\", \"bf16\" or \"f32\".")
       .def_prop_ro("name", &QuantScheme::name, "The scheme's name (\"w4g64\"); the scale dtype is not part of it.")
-      .def("__eq__", [](const QuantScheme& a, const QuantScheme& b) { return a == b; })
+      .def("__eq__", [](const QuantScheme& a, const QuantScheme& b) { return a == b; },
+           "Same bits, group size, symmetry and scale dtype.")
       .def("__hash__", [](const QuantScheme& s) {
         return nb::hash(nb::make_tuple(s.bits, s.group_size, s.symmetric, static_cast<int>(s.scale_dtype)));
       })
@@ -218,7 +219,8 @@ void register_tables(nb::module_& m) {
       .def_prop_ro("hidden", [](const PyTable& t) { return t.table.hidden(); }, "H, the row length.")
       .def_prop_ro("shape", [](const PyTable& t) { return std::make_tuple(t.table.vocab(), t.table.hidden()); },
                    "(V, H).")
-      .def_prop_ro("is_packed", [](const PyTable& t) { return t.table.is_packed(); })
+      .def_prop_ro("is_packed", [](const PyTable& t) { return t.table.is_packed(); },
+                   "True for a packed (quantized) table, False for a dense one.")
       .def_prop_ro("device", [](const PyTable& t) { return t.table.device() == Device::kCUDA ? "cuda" : "cpu"; },
                    "\"cpu\" or \"cuda\".")
       .def_prop_ro("nbytes", [](const PyTable& t) { return t.table.nbytes(); }, "Bytes of storage, all tensors.")
