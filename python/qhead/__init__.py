@@ -206,5 +206,5 @@ def rescore(dense_table, x, candidates, values=None, ids=None, *, stream=None):
 
 
 def to_device(table, device="cuda"):
-    """The table on "cuda" (one device allocation) or "cpu"; the table itself when it is there."""
+    """The table on "cuda" (one device allocation) or "cpu"; the same storage when it is there already."""
     return table.to_device(device)
