@@ -81,11 +81,12 @@ def _scale_dtype_name(d: torch.dtype) -> str:
 
 # ---- the cache of built qhead.Tables ---------------------------------------------------------------
 #
-# One entry per storage (slot = data pointer and device of the table's first tensor). An entry
-# holds the full key it was built for and the Table (which keeps the tensors' storage alive, so
-# the data pointer cannot be reused by another allocation while the entry exists). A lookup
-# whose key differs (another scheme, a buffer changed in place, another scale tensor) rebuilds.
-# The entry is dropped when the tensor object it was built from is garbage-collected; at most
+# One entry per storage (slot = the data pointer of weight_packed, or of a dense weight). An
+# entry holds the full key it was built for (data pointer, dtype, shape and version counter of
+# every tensor, the scheme and shape) and the Table, which keeps the tensors' storage alive, so
+# the data pointer cannot be reused by another allocation while the entry exists. A lookup whose
+# key differs (another scheme, a buffer changed in place, another scale tensor) rebuilds. The
+# entry is dropped when the tensor object it was built from is garbage-collected; at most
 # _CACHE_MAX entries are kept (least recently built first out).
 
 _CACHE_MAX = 64
@@ -93,29 +94,33 @@ _cache: "OrderedDict[tuple, tuple]" = OrderedDict()
 
 
 def _version(t: Tensor) -> int:
-    # Inference tensors carry no version counter (they cannot be changed outside inference mode).
-    return -1 if t.is_inference() else t._version
+    try:
+        return t._version
+    except RuntimeError:  # an inference tensor: no version counter (not writable outside inference mode)
+        return -1
 
 
 def _tkey(t: Optional[Tensor]) -> tuple:
     if t is None:
         return ()
-    return (t.data_ptr(), t.dtype, tuple(t.shape), _version(t))
+    # Views of one storage share its version counter, so an alias of a tensor (detach(), the
+    # tensors torch.compile passes) has the same key.
+    return (t.data_ptr(), t.dtype, t.shape, _version(t))
 
 
-def _evict(slot: tuple, token: int) -> None:
+def _evict(slot: int, token: object) -> None:
     entry = _cache.get(slot)
-    if entry is not None and entry[2] == token:
+    if entry is not None and entry[2] is token:
         del _cache[slot]
 
 
-def _remember(slot: tuple, key: tuple, table: Any, owner: Tensor) -> None:
-    token = id(owner)
+def _remember(slot: int, key: tuple, table: Any, owner: Tensor) -> None:
+    token = object()
     _cache[slot] = (key, table, token)
     _cache.move_to_end(slot)
     try:
         weakref.finalize(owner, _evict, slot, token)
-    except TypeError:  # an object without weak references: bounded by _CACHE_MAX only
+    except TypeError:  # no weak references to it: bounded by _CACHE_MAX only
         pass
     while len(_cache) > _CACHE_MAX:
         _cache.popitem(last=False)
@@ -142,9 +147,9 @@ def _check_table_tensors(weight_packed, weight_scale, weight_zero_point, col_per
 def table_from_tensors(weight_packed: Tensor, weight_scale: Tensor, weight_zero_point: Optional[Tensor],
                        col_perm: Optional[Tensor], scheme: str, vocab: int, hidden: int) -> "qhead.Table":
     """The qhead.Table over these compressed-tensors tensors (zero copy), built once and cached."""
-    key = (scheme, vocab, hidden, weight_packed.device, _tkey(weight_packed), _tkey(weight_scale),
-           _tkey(weight_zero_point), _tkey(col_perm))
-    slot = (weight_packed.data_ptr(), weight_packed.device)
+    key = (scheme, vocab, hidden, _tkey(weight_packed), _tkey(weight_scale), _tkey(weight_zero_point),
+           _tkey(col_perm))
+    slot = key[3][0]  # weight_packed's data pointer (CPU and CUDA addresses do not overlap)
     entry = _cache.get(slot)
     if entry is not None and entry[0] == key:
         return entry[1]
@@ -160,8 +165,8 @@ def table_from_tensors(weight_packed: Tensor, weight_scale: Tensor, weight_zero_
 
 def dense_table(weight: Tensor) -> "qhead.Table":
     """The dense qhead.Table over a [V, H] float tensor (zero copy), built once and cached."""
-    key = ("dense", weight.device, _tkey(weight))
-    slot = (weight.data_ptr(), weight.device)
+    key = ("dense", _tkey(weight))
+    slot = key[1][0]
     entry = _cache.get(slot)
     if entry is not None and entry[0] == key:
         return entry[1]
@@ -183,9 +188,9 @@ _empty = torch.empty
 
 def _stream(t: Tensor) -> Optional[int]:
     """torch's current CUDA stream on t's device as an integer (None on CPU)."""
-    if t.device.type != "cuda":
+    if not t.is_cuda:
         return None
-    return torch._C._cuda_getCurrentRawStream(t.device.index)
+    return torch._C._cuda_getCurrentRawStream(t.get_device())
 
 
 # ---- the ops -----------------------------------------------------------------------------------------
@@ -290,15 +295,10 @@ def _rescore_fake(dense, x, candidates):
 
 # ---- modules -----------------------------------------------------------------------------------------
 
-def _eager(*tensors: Tensor) -> bool:
+def _eager(x: Tensor, table_tensor: Tensor) -> bool:
     """True when the modules may call qhead._C directly: not tracing, and plain tensors (not fake
     or other subclasses). The result is the same as through the torch.ops path."""
-    if torch.compiler.is_compiling():
-        return False
-    for t in tensors:
-        if type(t) is not torch.Tensor:
-            return False
-    return True
+    return type(x) is Tensor and type(table_tensor) is Tensor and not torch.compiler.is_compiling()
 
 
 def _as_tensor(a: Any) -> Tensor:
@@ -570,7 +570,23 @@ class QuantTable(nn.Module):
 
     def table(self) -> "qhead.Table":
         """The qhead.Table over the current buffers (zero copy, on their device; cached)."""
-        return table_from_tensors(*self._table_buffers(), self.scheme, self.vocab, self.hidden)
+        # The modules' eager path: the buffer objects and their version counters against the
+        # ones the held Table was built from (cheaper than the cache key of table_from_tensors).
+        b = self._buffers
+        wp, ws, wz, cp = b["weight_packed"], b["weight_scale"], b["weight_zero_point"], b["col_perm"]
+        h = self.__dict__.get("_hot")
+        try:
+            if (h is not None and h[0] is wp and h[1] is ws and h[2] is wz and h[3] is cp
+                    and h[4] == wp._version and h[5] == ws._version and h[6] == wp.data_ptr()
+                    and h[7] == ws.data_ptr() and (wz is None or h[8] == wz._version)
+                    and (cp is None or h[9] == cp._version)):
+                return h[10]
+        except RuntimeError:  # inference tensors carry no version counter
+            pass
+        table = table_from_tensors(wp, ws, wz, cp, self.scheme, self.vocab, self.hidden)
+        self.__dict__["_hot"] = (wp, ws, wz, cp, _version(wp), _version(ws), wp.data_ptr(), ws.data_ptr(),
+                                 None if wz is None else _version(wz), None if cp is None else _version(cp), table)
+        return table
 
     def op_args(self) -> Tuple[tuple, dict]:
         """(positional table tensors, keyword args) as the torch.ops.qhead ops take them."""
@@ -594,6 +610,7 @@ class QuantTable(nn.Module):
             self._buffers[name] = new
         if any(b is not None and b.device.type != "cpu" for b in self._buffers.values()):
             self._mapped = False
+        self.__dict__.pop("_hot", None)
         return self
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -603,6 +620,7 @@ class QuantTable(nn.Module):
                 if buf is not None:
                     self._buffers[name] = torch.empty_like(buf)
             self._mapped = False
+        self.__dict__.pop("_hot", None)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
@@ -668,17 +686,17 @@ class QuantEmbedding(nn.Module):
 
     def forward(self, ids: Tensor) -> Tensor:
         t = self.table
-        flat = ids.reshape(-1)
-        if _eager(flat, t.weight_packed):
-            table = t.table()
-            out = _empty((flat.shape[0], t.hidden), dtype=self.dtype, device=t.weight_packed.device)
-            _C.embed(table, flat, out, stream=_stream(out))
+        flat = (ids if ids.dim() == 1 else ids.reshape(-1)).contiguous()
+        wp = t._buffers["weight_packed"]
+        if _eager(flat, wp):
+            out = _empty((flat.shape[0], t.hidden), dtype=self.dtype, device=wp.device)
+            _C.embed(t.table(), flat, out, stream=_stream(out))
         else:
             out = torch.ops.qhead.embed(*t._table_buffers(), flat, scheme=t.scheme, vocab=t.vocab,
                                         hidden=t.hidden, out_dtype=self.dtype)
         if self.embed_scale is not None:
             out = out * self.embed_scale.to(out.dtype)
-        return out.view(*ids.shape, t.hidden)
+        return out if ids.dim() == 1 else out.view(*ids.shape, t.hidden)
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}, dtype={self.dtype}"
@@ -742,10 +760,10 @@ class QuantLMHead(nn.Module):
 
     def _logits_f32(self, x2: Tensor) -> Tensor:
         t = self.table
-        if _eager(x2, t.weight_packed):
-            table = t.table()
-            out = _empty((x2.shape[0], t.vocab), dtype=torch.float32, device=t.weight_packed.device)
-            _C.logits(table, x2, out, stream=_stream(out))
+        wp = t._buffers["weight_packed"]
+        if _eager(x2, wp):
+            out = _empty((x2.shape[0], t.vocab), dtype=torch.float32, device=wp.device)
+            _C.logits(t.table(), x2, out, stream=_stream(out))
             return out
         return torch.ops.qhead.logits(*t._table_buffers(), x2, scheme=t.scheme, vocab=t.vocab, hidden=t.hidden)
 
@@ -759,18 +777,20 @@ class QuantLMHead(nn.Module):
         return torch.ops.qhead.rescore(dense, x2, candidates)
 
     def _flat(self, x: Tensor, op: str) -> Tensor:
+        """x [..., H] as a contiguous [M, H] (a view when it can be)."""
+        h = self.in_features
         if not isinstance(x, Tensor):
             raise qhead.InvalidArgumentError(f"QuantLMHead.{op}: x must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() < 1 or x.shape[-1] != self.table.hidden:
+        if x.dim() < 1 or x.size(-1) != h:
             raise qhead.InvalidArgumentError(
-                f"QuantLMHead.{op}: x has shape {list(x.shape)}; its last dim must be H = {self.table.hidden}")
-        return x.reshape(-1, self.table.hidden).contiguous()
+                f"QuantLMHead.{op}: x has shape {list(x.shape)}; its last dim must be H = {h}")
+        return (x if x.dim() == 2 else x.reshape(-1, h)).contiguous()
 
     @staticmethod
     def _kernel_x(x2: Tensor) -> Tensor:
         # The CUDA kernels take f16/bf16 activations: f32 x is rounded to bf16 there (the range of
         # f32; the rescored logits use x as given).
-        if x2.dtype == torch.float32 and x2.device.type == "cuda":
+        if x2.is_cuda and x2.dtype == torch.float32:
             return x2.to(torch.bfloat16)
         return x2
 
@@ -783,7 +803,7 @@ class QuantLMHead(nn.Module):
             out.scatter_(1, ids.long(), values)
         if x.dtype != torch.float32:
             out = out.to(x.dtype)
-        return out.view(*x.shape[:-1], self.table.vocab)
+        return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
     def topk(self, x: Tensor, k: int) -> Tuple[Tensor, Tensor, Tensor]:
         """The k largest logits of every row of x [..., H], sorted descending: values f32 [..., k],
@@ -795,19 +815,21 @@ class QuantLMHead(nn.Module):
         t = self.table
         k = int(k)
         kq = max(k, self.rescore) if self.rescore else k
-        if _eager(xk, t.weight_packed):
-            table = t.table()
-            dev, m = t.weight_packed.device, xk.shape[0]
+        wp = t._buffers["weight_packed"]
+        if _eager(xk, wp):
+            dev, m = wp.device, xk.shape[0]
             values = _empty((m, kq), dtype=torch.float32, device=dev)
             ids = _empty((m, kq), dtype=torch.int32, device=dev)
             lse = _empty((m,), dtype=torch.float32, device=dev)
-            _C.topk(table, xk, kq, values, ids, lse, stream=_stream(values))
+            _C.topk(t.table(), xk, kq, values, ids, lse, stream=_stream(values))
         else:
             values, ids, lse = torch.ops.qhead.topk(*t._table_buffers(), xk, kq, scheme=t.scheme, vocab=t.vocab,
                                                     hidden=t.hidden)
         if self.rescore:
             values, ids = self._rescore(x2, ids)
             values, ids = values[:, :k], ids[:, :k]
+        if x.dim() == 2:
+            return values, ids, lse
         lead = x.shape[:-1]
         return values.reshape(*lead, k), ids.reshape(*lead, k), lse.reshape(lead)
 
