@@ -75,11 +75,16 @@ void register_model(nb::module_& m) {
   m.def(
       "load_packed",
       [](const std::string& path, const std::string& prefix, nb::handle scheme) {
-        const auto s = opt_scheme(scheme, "load_packed");
+        auto s = opt_scheme(scheme, "load_packed");
+        const bool by_name = nb::isinstance<nb::str>(scheme);
         Table t;
         {
           nb::gil_scoped_release nogil;
           const SafetensorsFile f = SafetensorsFile::open(path);
+          // A scheme given by name takes its scale dtype from the file's scales.
+          const std::string scale = prefix + ".weight_scale";
+          if (s && by_name && f.contains(scale) && is_float_dtype(f.get(scale).dtype()))
+            s->scale_dtype = f.get(scale).dtype();
           t = load_packed(f, prefix, s);
         }
         PyTable p;
@@ -90,8 +95,8 @@ void register_model(nb::module_& m) {
       nb::arg("path"), nb::arg("prefix"), nb::arg("scheme").none() = nb::none(),
       nb::sig("def load_packed(path: str, prefix: str, scheme: Scheme | str | None = None) -> Table"),
       "The packed table `<prefix>.weight_packed`, `_scale`, [`_zero_point`] of a safetensors file, used in "
-      "place (mmap, zero copy; the arrays the table exposes are read-only). scheme overrides what the "
-      "tensors' shapes and the file's metadata say.");
+      "place (mmap, zero copy; the arrays the table exposes are read-only). scheme (a Scheme, or a name whose "
+      "scale dtype is the file's) overrides what the tensors' shapes and the file's metadata say.");
 
   nb::class_<ModelInfo::Role>(m, "Role", "How one role (embedding or head) of a model is stored.")
       .def_ro("tensor", &ModelInfo::Role::tensor, "Weight name, e.g. \"lm_head.weight\".")
@@ -111,16 +116,17 @@ void register_model(nb::module_& m) {
       });
 
   nb::class_<ModelInfo>(m, "ModelInfo", "What inspect_model found in a Hugging Face model directory.")
-      .def_ro("dir", &ModelInfo::dir)
+      .def_ro("dir", &ModelInfo::dir, "The model directory.")
       .def_ro("architecture", &ModelInfo::architecture, "config architectures[0] (or model_type).")
-      .def_ro("model_type", &ModelInfo::model_type)
-      .def_ro("vocab", &ModelInfo::vocab)
-      .def_ro("hidden", &ModelInfo::hidden)
-      .def_ro("tied", &ModelInfo::tied)
-      .def_ro("compressed_tensors", &ModelInfo::compressed_tensors)
+      .def_ro("model_type", &ModelInfo::model_type, "config model_type (\"\" when absent).")
+      .def_ro("vocab", &ModelInfo::vocab, "V: rows of the table (config vocab_size).")
+      .def_ro("hidden", &ModelInfo::hidden, "H: the hidden size.")
+      .def_ro("tied", &ModelInfo::tied, "One table serves the embedding and the head.")
+      .def_ro("compressed_tensors", &ModelInfo::compressed_tensors,
+               "config.json carries a compressed-tensors quantization_config.")
       .def_ro("quant_method", &ModelInfo::quant_method, "\"compressed-tensors\", \"gptq\" or \"\".")
-      .def_ro("embedding", &ModelInfo::embedding)
-      .def_ro("head", &ModelInfo::head)
+      .def_ro("embedding", &ModelInfo::embedding, "The input embedding's Role.")
+      .def_ro("head", &ModelInfo::head, "The output head's (lm_head) Role.")
       .def_prop_ro("table_bytes", &ModelInfo::table_bytes, "Bytes of the token table (a tied table once).")
       .def("__repr__", [](const ModelInfo& i) {
         return "qhead.ModelInfo(architecture=\"" + i.architecture + "\", vocab=" + std::to_string(i.vocab) +
@@ -162,7 +168,7 @@ void register_model(nb::module_& m) {
              new (self) GgufFile(std::move(f));
            },
            nb::arg("path"), "Maps and validates path (every count, length, type and offset checked).")
-      .def_prop_ro("path", &GgufFile::path)
+      .def_prop_ro("path", &GgufFile::path, "The file's path.")
       .def_prop_ro("version", &GgufFile::version, "GGUF version (2 or 3).")
       .def_prop_ro("names", &GgufFile::names, "Tensor names in file order.")
       .def_prop_ro("keys", &GgufFile::keys, "Metadata keys in file order.")
@@ -192,7 +198,8 @@ void register_model(nb::module_& m) {
           nb::arg("key"),
           nb::sig("def get(self, key: str) -> object"),
           "A metadata value (int, float, bool, str or list), None when the key is absent.")
-      .def("__contains__", [](const GgufFile& f, const std::string& name) { return f.contains(name); })
+      .def("__contains__", [](const GgufFile& f, const std::string& name) { return f.contains(name); },
+           nb::arg("name"), "True when the file holds a tensor of that name.")
       .def("__repr__", [](const GgufFile& f) {
         return "qhead.GgufFile(\"" + f.path() + "\", version=" + std::to_string(f.version()) +
                ", tensors=" + std::to_string(f.names().size()) + ")";

@@ -138,7 +138,8 @@ void register_tables(nb::module_& m) {
       .def_prop_ro("scale_dtype", [](const QuantScheme& s) { return short_dtype_name(s.scale_dtype); },
                    "Dtype of the scales: \"f16\", \"bf16\" or \"f32\".")
       .def_prop_ro("name", &QuantScheme::name, "The scheme's name (\"w4g64\"); the scale dtype is not part of it.")
-      .def("__eq__", [](const QuantScheme& a, const QuantScheme& b) { return a == b; })
+      .def("__eq__", [](const QuantScheme& a, const QuantScheme& b) { return a == b; },
+           "Same bits, group size, symmetry and scale dtype.")
       .def("__hash__", [](const QuantScheme& s) {
         return nb::hash(nb::make_tuple(s.bits, s.group_size, s.symmetric, static_cast<int>(s.scale_dtype)));
       })
@@ -181,9 +182,20 @@ void register_tables(nb::module_& m) {
             check_contiguous(p.scale.view(), op, "weight_scale");
             if (p.zero_point.defined()) check_contiguous(p.zero_point.view(), op, "weight_zero_point");
             if (p.col_perm.defined()) check_contiguous(p.col_perm.view(), op, "col_perm");
-            {
+            if (!p.scheme.symmetric && !p.zero_point.defined())
+              bad(op, "scheme " + p.scheme.name() + " is asymmetric: weight_zero_point is required");
+            // The arrays are the caller's arguments: what validation finds wrong with
+            // them is an invalid argument (the same checks name a file's tensors
+            // kInvalidFile when a loader runs them).
+            try {
               nb::gil_scoped_release nogil;  // validation reads every scale
               t.table = Table::packed(std::move(p), op);
+            } catch (const Error& e) {
+              if (e.code() != ErrorCode::kInvalidFile) throw;
+              std::string msg = e.what();
+              const std::string prefix = std::string(op) + ": ";
+              if (msg.rfind(prefix, 0) == 0) msg.erase(0, prefix.size());
+              throw Error(ErrorCode::kInvalidArgument, op, msg);
             }
             t.src_packed = nb::borrow(weight_packed);
             t.src_scale = nb::borrow(weight_scale);
@@ -207,7 +219,8 @@ void register_tables(nb::module_& m) {
       .def_prop_ro("hidden", [](const PyTable& t) { return t.table.hidden(); }, "H, the row length.")
       .def_prop_ro("shape", [](const PyTable& t) { return std::make_tuple(t.table.vocab(), t.table.hidden()); },
                    "(V, H).")
-      .def_prop_ro("is_packed", [](const PyTable& t) { return t.table.is_packed(); })
+      .def_prop_ro("is_packed", [](const PyTable& t) { return t.table.is_packed(); },
+                   "True for a packed (quantized) table, False for a dense one.")
       .def_prop_ro("device", [](const PyTable& t) { return t.table.device() == Device::kCUDA ? "cuda" : "cpu"; },
                    "\"cpu\" or \"cuda\".")
       .def_prop_ro("nbytes", [](const PyTable& t) { return t.table.nbytes(); }, "Bytes of storage, all tensors.")
@@ -251,7 +264,7 @@ void register_tables(nb::module_& m) {
                    "The [V, H] f32/f16/bf16 weight of a dense table (zero-copy view); None when packed.")
       .def("to_device", &to_device, nb::arg("device") = "cuda",
            "The table on \"cuda\" (one device allocation holding every tensor) or \"cpu\" (host copies); "
-           "the table itself when it is there already.")
+           "a table over the same storage when it is there already.")
       .def(
           "dequantize",
           [](const PyTable& t) {
