@@ -13,13 +13,13 @@ from torch import nn
 
 import qhead
 import qhead.torch as qt
-from torch_oracle import (U32, assert_close_bound, check_topk, dequantize, oracle_logits, poison_empty,
+from torch_oracle import (assert_close_bound, check_topk, cuda_bound, dequantize, oracle_logits, poison_empty,
                           random_weight, random_x)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures"
-CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
+CUDA = torch.cuda.is_available() and qhead.cuda_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of qhead")
 
 
 @pytest.fixture(autouse=True)
@@ -288,18 +288,47 @@ def test_to_cuda_moves_one_copy():
     model = nn.ModuleDict({"embed": qt.QuantEmbedding(t), "head": qt.QuantLMHead(t)})
     x = random_x((3, 64), 1, torch.float16)
     ids = torch.tensor([1, 2, 60])
-    want_l, want_e = model["head"](x), model["embed"](ids)
-    before = qhead.cuda_allocated_bytes()
+    want_e = model["embed"](ids)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
     model.to("cuda")
+    grown = torch.cuda.memory_allocated() - before
+    assert t.nbytes <= grown <= t.nbytes + 4 * 512  # one copy of the buffers (allocator blocks of 512 B)
     assert model["embed"].table.weight_packed.is_cuda and sum(_storages(model).values()) == t.nbytes
     out = model["head"](x.cuda())
-    assert out.is_cuda and out.dtype == torch.float16
+    assert out.is_cuda and out.dtype == torch.float16 and out.shape == (3, 61)
     assert torch.equal(model["embed"](ids.cuda()).cpu(), want_e)
-    _, tol = oracle_logits(dequantize(t), x)
-    assert ((out.cpu().double() - want_l.double()).abs() <= 2 * tol + 2 ** -10 * want_l.double().abs()).all()
-    assert qhead.cuda_allocated_bytes() == before  # torch holds the one copy; qhead allocates nothing
+    wd = dequantize(t)
+    want, tol = cuda_bound(wd, x, 64 // 32)
+    unit = 2.0 ** -11  # the f16 output
+    assert_close_bound(out.float(), want, tol * (1 + unit) + unit * want.abs(), "QuantLMHead on CUDA")
+    # f32 x: the kernels take it rounded to bf16
+    x32 = random_x((2, 5, 64), 3, torch.float32)
+    out32 = model["head"](x32.cuda())
+    assert out32.dtype == torch.float32 and out32.shape == (2, 5, 61)
+    want, tol = cuda_bound(wd, x32.reshape(-1, 64).to(torch.bfloat16), 64 // 32)
+    assert_close_bound(out32.reshape(-1, 61), want, tol, "QuantLMHead on CUDA, f32 x")
+    v, i, l = model["head"].topk(x32.cuda(), 4)
+    assert v.is_cuda and v.shape == (2, 5, 4) and l.shape == (2, 5)
+    check_topk(v.reshape(-1, 4), i.reshape(-1, 4), l.reshape(-1), want, tol, 4, "QuantLMHead.topk on CUDA")
     model.to("cpu")
-    assert torch.equal(model["head"](x), want_l)
+    assert not model["head"].table.weight_packed.is_cuda
+
+
+@needs_cuda
+@pytest.mark.parametrize("dense_rows", ["cpu", "device"])
+def test_rescore_exact_cuda(dense_rows):
+    w = random_weight(501, 64, 31, torch.bfloat16)
+    t = qt.QuantTable.from_dense(w, "w4g64")
+    head = qt.QuantLMHead(t, rescore=8, dense_rows=dense_rows, dense_weight=w).to("cuda")
+    assert head._dense().is_cuda == (dense_rows == "device")
+    x = random_x((3, 64), 3, torch.bfloat16)
+    out = head(x.cuda())
+    cand = head._logits_f32(x.cuda()).topk(8, dim=1).indices.cpu()
+    want, tol = oracle_logits(w.to(torch.float64), x)
+    got = out.float().cpu().gather(1, cand)
+    unit = 2.0 ** -8  # the bf16 output
+    assert_close_bound(got, want.gather(1, cand), tol.gather(1, cand) + unit * want.gather(1, cand).abs(), "rescored")
 
 
 # ---- constructors from checkpoints ------------------------------------------------------------------

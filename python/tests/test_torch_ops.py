@@ -14,8 +14,8 @@ import qhead.torch as qt
 from torch_oracle import (assert_close_bound, check_topk, cuda_bound, dequantize, oracle_logits, poison_empty,
                           random_weight, random_x)
 
-CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device")
+CUDA = torch.cuda.is_available() and qhead.cuda_available()
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build of qhead")
 ACT = [torch.float32, torch.float16, torch.bfloat16]
 
 
@@ -217,6 +217,8 @@ def test_wrong_device():
     tc = qt.QuantTable.from_dense(random_weight(37, 64, 1), "w4g32").to("cuda")
     with pytest.raises(qhead.InvalidArgumentError, match="cpu|CPU"):
         call("logits", tc, torch.zeros((1, 64), dtype=torch.float16))
+    with pytest.raises(qhead.InvalidArgumentError, match="F16 or BF16"):  # the CUDA kernels' activations
+        call("logits", tc, torch.zeros((1, 64), device="cuda"))
     with pytest.raises(qhead.InvalidArgumentError, match="cuda|CUDA"):
         call("logits", t, torch.zeros((1, 64), device="cuda"))
     with pytest.raises(qhead.InvalidArgumentError, match="share one device"):
