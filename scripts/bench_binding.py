@@ -6,7 +6,9 @@ For each op it times many back-to-back calls without synchronizing and divides
 the kernels run behind it, on CPU the op's own work is included):
 
   raw     qhead._C.<op> with preallocated outputs and a prebuilt Table
-  op      torch.ops.qhead.<op> (torch.library.define + impl: the dispatcher calls the kernel)
+  op      torch.ops.qhead.<op>.default, arguments positional (torch.library.define + impl:
+          the dispatcher calls the Python kernel)
+  op-kwargs  the same through the overload packet with scheme/vocab/hidden by name
   custom  the same kernel registered through torch.library.custom_op (for comparison)
   module  QuantLMHead.forward / .topk, QuantEmbedding.forward (eager: they call _C directly)
 
@@ -56,8 +58,9 @@ def cpu_name() -> str:
     return "cpu"
 
 
-def host_us(fn, iters: int, reps: int, sync) -> float:
-    """Median over reps of (wall time of `iters` back-to-back calls) / iters, in µs."""
+def host_us(fn, iters: int, reps: int, sync) -> tuple:
+    """(median, min) over reps of (wall time of `iters` back-to-back calls) / iters, in µs (the
+    minimum is the steadier figure on a machine shared with other work)."""
     for _ in range(max(10, iters // 10)):
         fn()
     sync()
@@ -69,7 +72,7 @@ def host_us(fn, iters: int, reps: int, sync) -> float:
         t1 = time.perf_counter()
         sync()
         samples.append((t1 - t0) / iters * 1e6)
-    return statistics.median(samples)
+    return statistics.median(samples), min(samples)
 
 
 def register_custom_ops():
@@ -77,8 +80,7 @@ def register_custom_ops():
     @torch.library.custom_op("qhead_bench::logits", mutates_args=())
     def logits(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None,
                col_perm: torch.Tensor | None, x: torch.Tensor, scheme: str, vocab: int, hidden: int) -> torch.Tensor:
-        return qt._logits_impl(weight_packed, weight_scale, weight_zero_point, col_perm, x, scheme=scheme,
-                               vocab=vocab, hidden=hidden)
+        return qt._logits_impl(weight_packed, weight_scale, weight_zero_point, col_perm, x, scheme, vocab, hidden)
 
     @logits.register_fake
     def _(weight_packed, weight_scale, weight_zero_point, col_perm, x, scheme, vocab, hidden):
@@ -88,8 +90,8 @@ def register_custom_ops():
     def embed(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None,
               col_perm: torch.Tensor | None, ids: torch.Tensor, scheme: str, vocab: int, hidden: int,
               out_dtype: torch.dtype) -> torch.Tensor:
-        return qt._embed_impl(weight_packed, weight_scale, weight_zero_point, col_perm, ids, scheme=scheme,
-                              vocab=vocab, hidden=hidden, out_dtype=out_dtype)
+        return qt._embed_impl(weight_packed, weight_scale, weight_zero_point, col_perm, ids, scheme, vocab, hidden,
+                              out_dtype)
 
     @embed.register_fake
     def _(weight_packed, weight_scale, weight_zero_point, col_perm, ids, scheme, vocab, hidden, out_dtype):
@@ -101,8 +103,8 @@ def register_custom_ops():
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--vocab", type=int, default=None, help="V (default: 151936 on CUDA, 4099 on CPU)")
-    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--vocab", type=int, default=None, help="V (default: 151936 on CUDA; 509 on CPU, where the op itself runs on the timed thread)")
+    ap.add_argument("--hidden", type=int, default=None, help="H (default: 1024 on CUDA, 256 on CPU)")
     ap.add_argument("--scheme", default="w4g64")
     ap.add_argument("--k", type=int, default=50)
     ap.add_argument("--iters", type=int, default=None, help="calls per sample (default 2000 CUDA, 500 CPU)")
@@ -115,8 +117,8 @@ def main() -> int:
     if cuda and not torch.cuda.is_available():
         print("bench_binding: --device cuda but torch sees no CUDA device", file=sys.stderr)
         return 2
-    V = a.vocab or (151936 if cuda else 4099)
-    H = a.hidden
+    V = a.vocab or (151936 if cuda else 509)
+    H = a.hidden or (1024 if cuda else 256)
     iters = a.iters or (2000 if cuda else 500)
     if a.threads:
         qhead.set_num_threads(a.threads)
@@ -127,6 +129,7 @@ def main() -> int:
     w = (torch.rand((V, H), generator=g) * 2 - 1).to(torch.bfloat16)
     t = qt.QuantTable.from_dense(w, a.scheme).to(a.device)
     tensors, kw = t.op_args()
+    pos = (kw["scheme"], kw["vocab"], kw["hidden"])
     table = t.table()
     x = (torch.rand((1, H), generator=g) * 2 - 1).to(act).to(a.device)
     ids = torch.tensor([7], dtype=torch.int64, device=a.device)
@@ -143,19 +146,21 @@ def main() -> int:
     cases = {
         "logits": {
             "raw": lambda: _C.logits(table, x, out, stream=stream),
-            "op": lambda: ops.logits(*tensors, x, **kw),
-            "custom": lambda: c_logits(*tensors, x, **kw),
+            "op": lambda: ops.logits.default(*tensors, x, *pos),
+            "op-kwargs": lambda: ops.logits(*tensors, x, **kw),
+            "custom": lambda: c_logits(*tensors, x, *pos),
             "module": lambda: head(x),
         },
         "topk": {
             "raw": lambda: _C.topk(table, x, a.k, values, vids, lse, stream=stream),
-            "op": lambda: ops.topk(*tensors, x, a.k, **kw),
+            "op": lambda: ops.topk.default(*tensors, x, a.k, *pos),
             "module": lambda: head.topk(x, a.k),
         },
         "embed": {
             "raw": lambda: _C.embed(table, ids, rows, stream=stream),
-            "op": lambda: ops.embed(*tensors, ids, **kw, out_dtype=act),
-            "custom": lambda: c_embed(*tensors, ids, **kw, out_dtype=act),
+            "op": lambda: ops.embed.default(*tensors, ids, *pos, act),
+            "op-kwargs": lambda: ops.embed(*tensors, ids, **kw, out_dtype=act),
+            "custom": lambda: c_embed(*tensors, ids, *pos, act),
             "module": lambda: emb(ids),
         },
     }
@@ -183,13 +188,15 @@ def main() -> int:
     for op, paths in cases.items():
         raw = None
         for path, fn in paths.items():
-            us = host_us(fn, iters, a.reps, sync)
-            raw = us if path == "raw" else raw
-            results.append(dict(meta, case=f"{op}/{path}", host_us=round(us, 3),
-                                overhead_us=None if path == "raw" else round(us - raw, 3)))
+            us, lo = host_us(fn, iters, a.reps, sync)
+            raw = (us, lo) if path == "raw" else raw
+            results.append(dict(meta, case=f"{op}/{path}", host_us=round(us, 3), host_us_min=round(lo, 3),
+                                overhead_us=None if path == "raw" else round(us - raw[0], 3),
+                                overhead_us_min=None if path == "raw" else round(lo - raw[1], 3)))
     for name, fn in extra.items():
-        us = host_us(fn, iters, a.reps, sync)
-        results.append(dict(meta, case=f"piece/{name}", host_us=round(us, 3), overhead_us=None))
+        us, lo = host_us(fn, iters, a.reps, sync)
+        results.append(dict(meta, case=f"piece/{name}", host_us=round(us, 3), host_us_min=round(lo, 3),
+                            overhead_us=None, overhead_us_min=None))
 
     text = "\n".join(json.dumps(r) for r in results) + "\n"
     if a.json:
@@ -198,11 +205,13 @@ def main() -> int:
     else:
         sys.stdout.write(text)
     print(f"\n{meta['device']}  V={V} H={H} M=1 {a.scheme} x={meta['activations']}  commit {meta['commit'][:10]}"
-          f"  (host µs per call, median of {a.reps} x {iters})", file=sys.stderr)
-    print(f"{'case':34s} {'µs/call':>9s} {'over raw':>9s}", file=sys.stderr)
+          f"  (host µs per call over {a.reps} samples of {iters} calls)", file=sys.stderr)
+    print(f"{'case':34s} {'median':>9s} {'over raw':>9s} {'min':>9s} {'over raw':>9s}", file=sys.stderr)
     for r in results:
         over = "" if r["overhead_us"] is None else f"{r['overhead_us']:+9.2f}"
-        print(f"{r['case']:34s} {r['host_us']:9.2f} {over:>9s}", file=sys.stderr)
+        over_lo = "" if r["overhead_us_min"] is None else f"{r['overhead_us_min']:+9.2f}"
+        print(f"{r['case']:34s} {r['host_us']:9.2f} {over:>9s} {r['host_us_min']:9.2f} {over_lo:>9s}",
+              file=sys.stderr)
     return 0
 
 

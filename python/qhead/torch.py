@@ -3,11 +3,11 @@
 Ops (namespace ``qhead``; CPU and CUDA kernels, fake kernels for torch.compile):
 
     torch.ops.qhead.embed(weight_packed, weight_scale, weight_zero_point, col_perm, ids,
-                          *, scheme, vocab, hidden, out_dtype) -> Tensor [N, H]
+                          scheme, vocab, hidden, out_dtype) -> Tensor [N, H]
     torch.ops.qhead.logits(weight_packed, weight_scale, weight_zero_point, col_perm, x,
-                           *, scheme, vocab, hidden) -> Tensor f32 [M, V]
+                           scheme, vocab, hidden) -> Tensor f32 [M, V]
     torch.ops.qhead.topk(weight_packed, weight_scale, weight_zero_point, col_perm, x, k,
-                         *, scheme, vocab, hidden) -> (values f32 [M, k], ids i32 [M, k], lse f32 [M])
+                         scheme, vocab, hidden) -> (values f32 [M, k], ids i32 [M, k], lse f32 [M])
     torch.ops.qhead.rescore(dense, x, candidates) -> (values f32 [M, k], ids i32 [M, k])
 
 A table is passed as its compressed-tensors tensors (``weight_zero_point`` and
@@ -183,6 +183,7 @@ def _need_contiguous(t: Tensor, op: str, name: str) -> None:
 
 
 # Every output is allocated through this one function (tests replace it to poison outputs).
+# Sizes go as separate ints: torch.empty parses them about twice as fast as a tuple.
 _empty = torch.empty
 
 
@@ -202,43 +203,45 @@ def _stream(t: Tensor) -> Optional[int]:
 _lib = torch.library.Library("qhead", "DEF")
 
 _TABLE_ARGS = "Tensor weight_packed, Tensor weight_scale, Tensor? weight_zero_point, Tensor? col_perm"
+# scheme, vocab and hidden are positional in the schemas (they may still be passed by name):
+# the dispatcher hands keyword-only arguments to a Python kernel through a dict, which costs
+# several µs per call (scripts/bench_binding.py).
 _TABLE_KW = "str scheme, int vocab, int hidden"
-_lib.define(f"embed({_TABLE_ARGS}, Tensor ids, *, {_TABLE_KW}, ScalarType out_dtype) -> Tensor")
-_lib.define(f"logits({_TABLE_ARGS}, Tensor x, *, {_TABLE_KW}) -> Tensor")
-_lib.define(f"topk({_TABLE_ARGS}, Tensor x, int k, *, {_TABLE_KW}) -> (Tensor, Tensor, Tensor)")
+_lib.define(f"embed({_TABLE_ARGS}, Tensor ids, {_TABLE_KW}, ScalarType out_dtype) -> Tensor")
+_lib.define(f"logits({_TABLE_ARGS}, Tensor x, {_TABLE_KW}) -> Tensor")
+_lib.define(f"topk({_TABLE_ARGS}, Tensor x, int k, {_TABLE_KW}) -> (Tensor, Tensor, Tensor)")
 _lib.define("rescore(Tensor dense, Tensor x, Tensor candidates) -> (Tensor, Tensor)")
 
 
-def _embed_impl(weight_packed, weight_scale, weight_zero_point, col_perm, ids, *, scheme, vocab, hidden,
-                out_dtype):
+def _embed_impl(weight_packed, weight_scale, weight_zero_point, col_perm, ids, scheme, vocab, hidden, out_dtype):
     table = table_from_tensors(weight_packed, weight_scale, weight_zero_point, col_perm, scheme, vocab, hidden)
     if ids.dim() != 1:
         raise qhead.InvalidArgumentError(f"qhead::embed: ids must be 1-D [N], got shape {tuple(ids.shape)}")
     _need_contiguous(ids, "embed", "ids")
-    out = _empty((ids.shape[0], hidden), dtype=out_dtype, device=weight_packed.device)
+    out = _empty(ids.shape[0], hidden, dtype=out_dtype, device=weight_packed.device)
     _C.embed(table, ids, out, stream=_stream(out))
     return out
 
 
-def _logits_impl(weight_packed, weight_scale, weight_zero_point, col_perm, x, *, scheme, vocab, hidden):
+def _logits_impl(weight_packed, weight_scale, weight_zero_point, col_perm, x, scheme, vocab, hidden):
     table = table_from_tensors(weight_packed, weight_scale, weight_zero_point, col_perm, scheme, vocab, hidden)
     if x.dim() != 2:
         raise qhead.InvalidArgumentError(f"qhead::logits: x must be 2-D [M, H], got shape {tuple(x.shape)}")
     _need_contiguous(x, "logits", "x")
-    out = _empty((x.shape[0], vocab), dtype=torch.float32, device=weight_packed.device)
+    out = _empty(x.shape[0], vocab, dtype=torch.float32, device=weight_packed.device)
     _C.logits(table, x, out, stream=_stream(out))
     return out
 
 
-def _topk_impl(weight_packed, weight_scale, weight_zero_point, col_perm, x, k, *, scheme, vocab, hidden):
+def _topk_impl(weight_packed, weight_scale, weight_zero_point, col_perm, x, k, scheme, vocab, hidden):
     table = table_from_tensors(weight_packed, weight_scale, weight_zero_point, col_perm, scheme, vocab, hidden)
     if x.dim() != 2:
         raise qhead.InvalidArgumentError(f"qhead::topk: x must be 2-D [M, H], got shape {tuple(x.shape)}")
     _need_contiguous(x, "topk", "x")
     m, dev = x.shape[0], weight_packed.device
-    values = _empty((m, k), dtype=torch.float32, device=dev)
-    ids = _empty((m, k), dtype=torch.int32, device=dev)
-    lse = _empty((m,), dtype=torch.float32, device=dev)
+    values = _empty(m, k, dtype=torch.float32, device=dev)
+    ids = _empty(m, k, dtype=torch.int32, device=dev)
+    lse = _empty(m, dtype=torch.float32, device=dev)
     _C.topk(table, x, k, values, ids, lse, stream=_stream(values))
     return values, ids, lse
 
@@ -250,8 +253,8 @@ def _rescore_impl(dense, x, candidates):
             f"qhead::rescore: candidates must be 2-D [M, k], got shape {tuple(candidates.shape)}")
     _need_contiguous(x, "rescore", "x")
     _need_contiguous(candidates, "rescore", "candidates")
-    values = _empty(tuple(candidates.shape), dtype=torch.float32, device=dense.device)
-    ids = _empty(tuple(candidates.shape), dtype=torch.int32, device=dense.device)
+    values = _empty(*candidates.shape, dtype=torch.float32, device=dense.device)
+    ids = _empty(*candidates.shape, dtype=torch.int32, device=dense.device)
     _C.rescore(table, x, candidates, values, ids, stream=_stream(values))
     return values, ids
 
@@ -265,20 +268,19 @@ for _name, _fn in (("embed", _embed_impl), ("logits", _logits_impl), ("topk", _t
 # Fake kernels: output shapes and dtypes only (torch.compile, FakeTensorMode, meta tensors).
 
 @torch.library.register_fake("qhead::embed", lib=_lib)
-def _embed_fake(weight_packed, weight_scale, weight_zero_point, col_perm, ids, *, scheme, vocab, hidden,
-                out_dtype):
+def _embed_fake(weight_packed, weight_scale, weight_zero_point, col_perm, ids, scheme, vocab, hidden, out_dtype):
     torch._check(ids.dim() == 1, lambda: f"qhead::embed: ids must be 1-D [N], got {ids.dim()}-D")
     return weight_packed.new_empty((ids.shape[0], hidden), dtype=out_dtype)
 
 
 @torch.library.register_fake("qhead::logits", lib=_lib)
-def _logits_fake(weight_packed, weight_scale, weight_zero_point, col_perm, x, *, scheme, vocab, hidden):
+def _logits_fake(weight_packed, weight_scale, weight_zero_point, col_perm, x, scheme, vocab, hidden):
     torch._check(x.dim() == 2, lambda: f"qhead::logits: x must be 2-D [M, H], got {x.dim()}-D")
     return weight_packed.new_empty((x.shape[0], vocab), dtype=torch.float32)
 
 
 @torch.library.register_fake("qhead::topk", lib=_lib)
-def _topk_fake(weight_packed, weight_scale, weight_zero_point, col_perm, x, k, *, scheme, vocab, hidden):
+def _topk_fake(weight_packed, weight_scale, weight_zero_point, col_perm, x, k, scheme, vocab, hidden):
     torch._check(x.dim() == 2, lambda: f"qhead::topk: x must be 2-D [M, H], got {x.dim()}-D")
     m = x.shape[0]
     return (weight_packed.new_empty((m, k), dtype=torch.float32),
@@ -685,17 +687,17 @@ class QuantEmbedding(nn.Module):
         return super()._apply(fn, recurse)
 
     def forward(self, ids: Tensor) -> Tensor:
-        t = self.table
+        t = self._modules["table"]  # (not self.table: nn.Module's __getattr__ costs a µs per call)
         flat = (ids if ids.dim() == 1 else ids.reshape(-1)).contiguous()
         wp = t._buffers["weight_packed"]
         if _eager(flat, wp):
-            out = _empty((flat.shape[0], t.hidden), dtype=self.dtype, device=wp.device)
+            out = _empty(flat.shape[0], t.hidden, dtype=self.dtype, device=wp.device)
             _C.embed(t.table(), flat, out, stream=_stream(out))
         else:
-            out = torch.ops.qhead.embed(*t._table_buffers(), flat, scheme=t.scheme, vocab=t.vocab,
-                                        hidden=t.hidden, out_dtype=self.dtype)
-        if self.embed_scale is not None:
-            out = out * self.embed_scale.to(out.dtype)
+            out = torch.ops.qhead.embed.default(*t._table_buffers(), flat, t.scheme, t.vocab, t.hidden, self.dtype)
+        scale = self._buffers["embed_scale"]
+        if scale is not None:
+            out = out * scale.to(out.dtype)
         return out if ids.dim() == 1 else out.view(*ids.shape, t.hidden)
 
     def extra_repr(self) -> str:
@@ -759,22 +761,22 @@ class QuantLMHead(nn.Module):
         return self._dense_cpu if self._dense_cpu is not None else self.dense_weight
 
     def _logits_f32(self, x2: Tensor) -> Tensor:
-        t = self.table
+        t = self._modules["table"]
         wp = t._buffers["weight_packed"]
         if _eager(x2, wp):
-            out = _empty((x2.shape[0], t.vocab), dtype=torch.float32, device=wp.device)
+            out = _empty(x2.shape[0], t.vocab, dtype=torch.float32, device=wp.device)
             _C.logits(t.table(), x2, out, stream=_stream(out))
             return out
-        return torch.ops.qhead.logits(*t._table_buffers(), x2, scheme=t.scheme, vocab=t.vocab, hidden=t.hidden)
+        return torch.ops.qhead.logits.default(*t._table_buffers(), x2, t.scheme, t.vocab, t.hidden)
 
     def _rescore(self, x2: Tensor, candidates: Tensor) -> Tuple[Tensor, Tensor]:
         """Exact (values, ids) of candidates [M, K], sorted descending, on x2's device."""
         dense = self._dense()
         dev = x2.device
         if dense.device != dev:
-            v, i = torch.ops.qhead.rescore(dense, x2.to(dense.device), candidates.to(dense.device))
+            v, i = torch.ops.qhead.rescore.default(dense, x2.to(dense.device), candidates.to(dense.device))
             return v.to(dev), i.to(dev)
-        return torch.ops.qhead.rescore(dense, x2, candidates)
+        return torch.ops.qhead.rescore.default(dense, x2, candidates)
 
     def _flat(self, x: Tensor, op: str) -> Tensor:
         """x [..., H] as a contiguous [M, H] (a view when it can be)."""
@@ -812,19 +814,18 @@ class QuantLMHead(nn.Module):
         candidates."""
         x2 = self._flat(x, "topk")
         xk = self._kernel_x(x2)
-        t = self.table
+        t = self._modules["table"]
         k = int(k)
         kq = max(k, self.rescore) if self.rescore else k
         wp = t._buffers["weight_packed"]
         if _eager(xk, wp):
             dev, m = wp.device, xk.shape[0]
-            values = _empty((m, kq), dtype=torch.float32, device=dev)
-            ids = _empty((m, kq), dtype=torch.int32, device=dev)
-            lse = _empty((m,), dtype=torch.float32, device=dev)
+            values = _empty(m, kq, dtype=torch.float32, device=dev)
+            ids = _empty(m, kq, dtype=torch.int32, device=dev)
+            lse = _empty(m, dtype=torch.float32, device=dev)
             _C.topk(t.table(), xk, kq, values, ids, lse, stream=_stream(values))
         else:
-            values, ids, lse = torch.ops.qhead.topk(*t._table_buffers(), xk, kq, scheme=t.scheme, vocab=t.vocab,
-                                                    hidden=t.hidden)
+            values, ids, lse = torch.ops.qhead.topk.default(*t._table_buffers(), xk, kq, t.scheme, t.vocab, t.hidden)
         if self.rescore:
             values, ids = self._rescore(x2, ids)
             values, ids = values[:, :k], ids[:, :k]

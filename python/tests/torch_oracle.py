@@ -142,9 +142,9 @@ def check_topk(values, ids, lse, want, tol, k: int, what: str):
             assert abs(l[m].item() - want_lse[m].item()) <= t, f"{what}: lse row {m}: {l[m]} vs {want_lse[m]} > {t}"
 
 
-def poison_empty(shape, *, dtype, device=None, **kw):
+def poison_empty(*size, dtype, device=None, **kw):
     """torch.empty that fills floats with NaN and integers with INT_MIN (unwritten outputs show)."""
-    t = torch.empty(shape, dtype=dtype, device=device, **kw)
+    t = torch.empty(*size, dtype=dtype, device=device, **kw)
     if t.is_floating_point():
         t.fill_(float("nan"))
     else:
