@@ -256,18 +256,18 @@ void import_array(nb::handle obj, const char* op, const char* name, bool writabl
       PyErr_Clear();
       not_an_array(obj, op, name, true);
     }
-    arg.out = std::move(c.value);
-    fill_view(arg.out, op, name, arg.view);
-    arg.device_id = arg.out.device_id();
+    arg.out.emplace(std::move(c.value));
+    fill_view(*arg.out, op, name, arg.view);
+    arg.device_id = arg.out->device_id();
   } else {
     nb::detail::make_caster<nb::ndarray<nb::ro>> c;
     if (!c.from_python(obj, 0, nullptr)) {
       PyErr_Clear();
       not_an_array(obj, op, name, false);
     }
-    arg.in = std::move(c.value);
-    fill_view(arg.in, op, name, arg.view);
-    arg.device_id = arg.in.device_id();
+    arg.in.emplace(std::move(c.value));
+    fill_view(*arg.in, op, name, arg.view);
+    arg.device_id = arg.in->device_id();
   }
   if (api) arg.api = api;
 }
@@ -296,7 +296,7 @@ Tensor keep_array(nb::handle obj, const char* op, const char* name) {
     if (api) PyErr_Clear();
     ArrayArg a;
     import_array(obj, op, name, false, a);
-    k->nd = std::move(a.in);
+    k->nd = std::move(*a.in);
     view = a.view;
   }
   // The last reference may be dropped on a thread without the GIL (an op
