@@ -333,8 +333,9 @@ _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16
 
 
 def mmap_safetensors_tensor(path: str, name: Optional[str] = None, shape: Optional[Sequence[int]] = None) -> Tensor:
-    """A float tensor of a safetensors file as a read-only CPU view of the file mapped in memory
-    (no copy; pages are read when touched). `name` None: the only tensor of `shape`."""
+    """A float tensor of a safetensors file as a CPU view of the file mapped in memory: no copy,
+    pages are read when touched; the mapping is private (copy-on-write), so the file is never
+    written. `name` None: the only tensor of `shape`."""
     path = os.fspath(path)
     header, base = _safetensors_header(path)
     entries = {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
@@ -378,8 +379,8 @@ class QuantTable(nn.Module):
     are part of the quantized format). ``dtype`` is the float dtype the table stands for (the
     dense weight it was made from; QuantEmbedding's default output dtype).
 
-    ``QuantTable(scheme, vocab, hidden)`` makes zero-filled buffers of the right shapes, to
-    ``load_state_dict`` into.
+    ``QuantTable(scheme, vocab, hidden)`` makes buffers of the right shapes (zero codes, unit
+    scales) to ``load_state_dict`` into.
     """
 
     def __init__(self, scheme: str, vocab: int, hidden: int, *, scale_dtype: Union[str, torch.dtype] = "f16",
@@ -758,7 +759,22 @@ class QuantLMHead(nn.Module):
                 f"{dense_rows!r}")
 
     def _dense(self) -> Tensor:
-        return self._dense_cpu if self._dense_cpu is not None else self.dense_weight
+        return self._dense_cpu if self._dense_cpu is not None else self._buffers["dense_weight"]
+
+    def _apply(self, fn, recurse=True):
+        # The dense rows follow device moves only: a float conversion of the model must not
+        # round the rows the logits are rescored from.
+        dense = self._buffers.pop("dense_weight", None)
+        try:
+            super()._apply(fn, recurse)
+        finally:
+            if dense is not None:
+                new = fn(dense)
+                if new.dtype != dense.dtype:
+                    new = dense.to(device=new.device)
+                dense = new
+            self._buffers["dense_weight"] = dense
+        return self
 
     def _logits_f32(self, x2: Tensor) -> Tensor:
         t = self._modules["table"]

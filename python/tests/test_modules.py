@@ -230,11 +230,17 @@ def test_rescore_exact(tmp_path, dense_rows):
 
 
 def test_rescore_rows_stay_where_asked():
-    w = random_weight(61, 64, 1, torch.float16)
+    w = random_weight(61, 64, 1, torch.float32)
     t = qt.QuantTable.from_dense(w, "w4g32")
     h = qt.QuantLMHead(t, rescore=4, dense_rows="cpu", dense_weight=w)
     assert "dense_weight" not in h.state_dict() and h._dense().device.type == "cpu"
     assert h._dense().data_ptr() == w.data_ptr()  # a contiguous CPU weight is kept, not copied
+    d = qt.QuantLMHead(t, rescore=4, dense_rows="device", dense_weight=w)
+    assert "dense_weight" not in d.state_dict()
+    d.half()  # a float conversion of the model leaves the dense rows (and the scales) alone
+    assert d._dense().dtype == torch.float32 and torch.equal(d._dense(), w)
+    x = random_x((2, 64), 1, torch.float16)
+    assert torch.equal(d(x), h(x))
 
 
 def test_rescore_mapped_rows_are_not_copied(tmp_path):
