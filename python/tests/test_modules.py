@@ -260,6 +260,19 @@ def test_rescore_mapped_rows_are_not_copied(tmp_path):
         qt.QuantLMHead(t, rescore=2, dense_rows=str(bad))
 
 
+def test_inference_mode_tables():
+    with torch.inference_mode():
+        w = random_weight(61, 64, 5)
+        t = qt.QuantTable.from_dense(w, "w4g32")
+        head = qt.QuantLMHead(t)
+        x = random_x((2, 64), 1)
+        first = head(x)
+        n = len(qt._cache)
+        assert torch.equal(head(x), first) and len(qt._cache) == n  # no version counters, still cached
+    want, tol = oracle_logits(dequantize(t), x)
+    assert_close_bound(first, want, tol, "inference-mode table")
+
+
 # ---- tied pairs -------------------------------------------------------------------------------------
 
 def _storages(module: nn.Module):
@@ -400,7 +413,7 @@ def test_from_gguf():
 
 # ---- torch.compile ----------------------------------------------------------------------------------
 
-def test_compile_tiny_llama_fullgraph():
+def test_compile_tiny_llama_fullgraph(monkeypatch):
     import torch._dynamo
     from torch._dynamo.testing import CompileCounterWithBackend
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -422,6 +435,12 @@ def test_compile_tiny_llama_fullgraph():
         backend = CompileCounterWithBackend("aot_eager")
         compiled = torch.compile(model, fullgraph=True, backend=backend)
         got = compiled(input_ids=ids).logits
+        builds = []
+        remember = qt._remember
+        monkeypatch.setattr(qt, "_remember", lambda *a: (builds.append(a[0]), remember(*a))[1])
+        again = compiled(input_ids=ids).logits
+    assert builds == []  # the compiled graph's calls find the cached table
+    assert torch.equal(again, got)
     assert backend.frame_count == 1
     code = backend.graphs[0].code
     assert "qhead.embed" in code and "qhead.logits" in code  # the ops are in the graph, not a fast path
