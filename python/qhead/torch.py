@@ -147,8 +147,12 @@ def _check_table_tensors(weight_packed, weight_scale, weight_zero_point, col_per
 def table_from_tensors(weight_packed: Tensor, weight_scale: Tensor, weight_zero_point: Optional[Tensor],
                        col_perm: Optional[Tensor], scheme: str, vocab: int, hidden: int) -> "qhead.Table":
     """The qhead.Table over these compressed-tensors tensors (zero copy), built once and cached."""
-    key = (scheme, vocab, hidden, _tkey(weight_packed), _tkey(weight_scale), _tkey(weight_zero_point),
-           _tkey(col_perm))
+    try:
+        key = (scheme, vocab, hidden, _tkey(weight_packed), _tkey(weight_scale), _tkey(weight_zero_point),
+               _tkey(col_perm))
+    except AttributeError:  # not tensors: say which
+        _check_table_tensors(weight_packed, weight_scale, weight_zero_point, col_perm, "qhead.torch")
+        raise
     slot = key[3][0]  # weight_packed's data pointer (CPU and CUDA addresses do not overlap)
     entry = _cache.get(slot)
     if entry is not None and entry[0] == key:
@@ -165,6 +169,8 @@ def table_from_tensors(weight_packed: Tensor, weight_scale: Tensor, weight_zero_
 
 def dense_table(weight: Tensor) -> "qhead.Table":
     """The dense qhead.Table over a [V, H] float tensor (zero copy), built once and cached."""
+    if not isinstance(weight, Tensor):
+        raise qhead.InvalidArgumentError(f"qhead.torch: the dense weight must be a torch.Tensor, got {type(weight).__name__}")
     key = ("dense", _tkey(weight))
     slot = key[1][0]
     entry = _cache.get(slot)

@@ -202,6 +202,12 @@ def test_non_contiguous():
                                scheme="w4g32", vocab=37, hidden=64)
 
 
+def test_table_tensors_must_be_tensors():
+    t = table("w4g32", 37, 64)
+    with pytest.raises(qhead.InvalidArgumentError, match="weight_scale must be a torch.Tensor"):
+        qt.table_from_tensors(t.weight_packed, t.weight_scale.numpy(), None, None, "w4g32", 37, 64)
+
+
 def test_nan_scale_rejected():
     t = table("w4g32", 37, 64)
     ws = t.weight_scale.clone()
