@@ -392,6 +392,11 @@ def test_from_gptq_act_order():
     assert_close_bound(qt.QuantLMHead(t)(x).float(), wl, tol + 2 ** -11 * wl.abs(), "gptq head")
     with pytest.raises(qhead.InvalidArgumentError, match="not quantized"):
         qt.QuantTable.from_gptq(d, "embedding")
+    for name in ("autoround_w4g32_asym", "autoround_w8pc_sym", "gptqmodel_w8g64_sym_v2"):
+        d = FIXTURES / "gptq" / name
+        t = qt.QuantTable.from_gptq(d, "lm_head")
+        want = load_file(str(d / "expected.safetensors"))["lm_head.dequant_numpy"]
+        assert torch.equal(dequantize(t).to(torch.float32), want), name
 
 
 def test_from_gguf():
