@@ -643,8 +643,9 @@ def test_threads_and_cuda_queries():
     assert qhead.cuda_allocated_bytes() >= 0
     qhead.cuda_synchronize()  # a no-op without a device
     if not qhead.cuda_available():
-        with pytest.raises(qhead.UnsupportedError):
+        with pytest.raises(qhead.UnsupportedError) as e:
             qhead.quantize(f32(2, 64), "w8").to_device("cuda")
+        assert ("no CUDA device is visible" if qhead._C.built_with_cuda else "built without CUDA") in str(e.value)
 
 
 # ---- CUDA ----------------------------------------------------------------------------------------
