@@ -162,7 +162,7 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     return report(json, "invalid_argument", e.what(), e.what(), kExitUsage);
   } catch (const qhead::Error& e) {
-    return report(json, code_name(e.code()), e.what(), std::string("qhead: error: ") + e.what(), exit_status(e.code()));
+    return report(json, error_code_name(e.code()), e.what(), std::string("qhead: error: ") + e.what(), exit_status(e.code()));
   } catch (const std::bad_alloc& e) {
     return report(json, "internal", std::string("out of memory (") + e.what() + ")",
                   std::string("qhead: internal error: out of memory (") + e.what() + ")", kExitInternal);

@@ -20,17 +20,6 @@ int exit_status(ErrorCode code) {
   return kExitInternal;
 }
 
-const char* code_name(ErrorCode code) {
-  switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kInvalidFile: return "invalid_file";
-    case ErrorCode::kIo: return "io";
-    case ErrorCode::kUnsupported: return "unsupported";
-    case ErrorCode::kInternal: return "internal";
-  }
-  return "internal";
-}
-
 int edit_distance(const std::string& a, const std::string& b) {
   const size_t n = a.size(), m = b.size();
   // d[i][j]: the distance between a[0, i) and b[0, j).

@@ -25,7 +25,6 @@ enum Exit : int {
 
 // The status and the JSON "code" of a library error.
 int exit_status(ErrorCode code);
-const char* code_name(ErrorCode code);  // "invalid_argument", "invalid_file", "io", "unsupported", "internal"
 
 // A usage error found by the CLI itself: `where` is "qhead" or "qhead <command>".
 class UsageError : public std::runtime_error {

@@ -23,6 +23,9 @@ enum class ErrorCode {
 };
 
 const char* to_string(ErrorCode code);
+// The code as an identifier: "invalid_argument", "invalid_file", "io",
+// "unsupported", "internal" (the CLI's JSON errors, the Python exceptions' .code).
+const char* error_code_name(ErrorCode code);
 
 class Error : public std::runtime_error {
  public:

@@ -25,17 +25,6 @@ namespace {
 PyObject* g_error = nullptr;
 PyObject* g_by_code[5] = {};
 
-const char* code_name(ErrorCode c) {
-  switch (c) {
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kInvalidFile: return "invalid_file";
-    case ErrorCode::kIo: return "io";
-    case ErrorCode::kUnsupported: return "unsupported";
-    case ErrorCode::kInternal: return "internal";
-  }
-  return "internal";
-}
-
 PyObject* make_class(nb::module_& m, const char* name, PyObject* bases, const char* code, const char* doc) {
   const std::string qual = std::string(nb::cast<std::string>(m.attr("__name__"))) + "." + name;
   nb::dict d;
@@ -78,7 +67,7 @@ void register_errors(nb::module_& m) {
   auto sub = [&](const char* name, PyObject* builtin, ErrorCode code, const char* doc) {
     PyObject* bases = PyTuple_Pack(2, g_error, builtin);
     if (!bases) throw nb::python_error();
-    PyObject* cls = make_class(m, name, bases, code_name(code), doc);
+    PyObject* cls = make_class(m, name, bases, error_code_name(code), doc);
     Py_DECREF(bases);
     g_by_code[static_cast<int>(code)] = cls;
   };

@@ -13,6 +13,17 @@ const char* to_string(ErrorCode code) {
   return "error";
 }
 
+const char* error_code_name(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kInvalidArgument: return "invalid_argument";
+    case ErrorCode::kInvalidFile: return "invalid_file";
+    case ErrorCode::kIo: return "io";
+    case ErrorCode::kUnsupported: return "unsupported";
+    case ErrorCode::kInternal: return "internal";
+  }
+  return "internal";
+}
+
 Error::Error(ErrorCode code, const std::string& where, const std::string& what)
     : std::runtime_error(where + ": " + what), code_(code) {}
 
