@@ -410,6 +410,7 @@ class QHeadHfQuantizer(HfQuantizer):
         self._packed: Dict[str, str] = {}  # role -> module name, for roles loaded packed
         self._dtype: Optional[torch.dtype] = None
         self._emb_extra: Dict[str, Any] = {}
+        self._tied = False
 
     def validate_environment(self, *args: Any, **kwargs: Any) -> None:
         return None
@@ -430,6 +431,7 @@ class QHeadHfQuantizer(HfQuantizer):
             return model
         cfg = self.quantization_config
         tied = bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False))
+        self._tied = tied
         if "embedding" in self._packed and "head" not in self._packed and tied:
             self._packed["head"] = names["embedding"]  # one table, stored under the embedding's name
         elif "head" in self._packed and "embedding" not in self._packed and tied:
@@ -473,6 +475,9 @@ class QHeadHfQuantizer(HfQuantizer):
                 t = t.to(device)
             tables[role] = tables[stored] = t
         et, ht = tables.get("embedding"), tables.get("head")
+        if (et is not None and ht is not None and et is not ht and self._tied
+                and _same_table(et, ht)):
+            ht = et  # a tied table stored twice: one copy serves both roles
         tied = et is not None and et is ht
         # Roles the checkpoint holds dense but the config quantizes.
         emb_mod, head_mod = model.get_input_embeddings(), model.get_output_embeddings()
@@ -550,6 +555,17 @@ class QHeadHfQuantizer(HfQuantizer):
         return False
 
 
+def _same_table(a: QuantTable, b: QuantTable) -> bool:
+    if a.shape != b.shape or a.scheme != b.scheme:
+        return False
+    for x, y in zip(a._table_buffers(), b._table_buffers()):
+        if (x is None) != (y is None):
+            return False
+        if x is not None and (x.dtype != y.dtype or not torch.equal(x, y)):
+            return False
+    return True
+
+
 def _re_escape(s: str) -> str:
     import re
 
@@ -598,9 +614,9 @@ def load_quantized(model_dir: Union[str, os.PathLike], *, rescore: int = 0, dens
     (``qhead quantize MODEL_DIR ...`` writes them) with the packed roles mapped into qhead modules
     (no dense copy) and every other weight loaded by transformers.
 
-    The directory's compressed-tensors quantization_config must quantize only the token tables
-    (the modules named by its groups' targets); any other quantized module is refused
-    (qhead.UnsupportedError): transformers would need compressed-tensors for those. rescore > 0
+    The checkpoint's packed modules must be token tables only; any other packed module is
+    refused (qhead.UnsupportedError): transformers would need compressed-tensors for those. A
+    tied model stored with two identical packed copies gets one table. rescore > 0
     needs ``dense_rows``: a safetensors file holding the head's full-precision [V, H] rows.
     A directory saved by ``save_pretrained`` of a qhead model loads with plain
     ``from_pretrained(dir)``; this function takes those too.
@@ -613,31 +629,28 @@ def load_quantized(model_dir: Union[str, os.PathLike], *, rescore: int = 0, dens
         qc = qc.to_dict()
     if isinstance(qc, dict) and qc.get("quant_method") == QUANT_METHOD:
         return AutoModelForCausalLM.from_pretrained(d, **from_pretrained_kwargs)
+    if isinstance(qc, dict) and qc.get("quant_method") != "compressed-tensors":
+        raise qhead.UnsupportedError(
+            f"load_quantized: {d}: quantization_config has quant_method {qc.get('quant_method')!r}; "
+            "qhead loads compressed-tensors token tables")
     info = qhead.inspect_model(d)
+    # Every packed module of the checkpoint must be a token table: transformers would need
+    # compressed-tensors for any other.
+    roles = {r.tensor[: -len(".weight")] if r.tensor.endswith(".weight") else r.tensor
+             for r in (info.embedding, info.head) if r is not None and r.tensor}
+    files = sorted(os.path.join(d, f) for f in os.listdir(d) if f.endswith(".safetensors"))
+    for f in files:
+        for k in _file_keys(f):
+            if k.endswith(".weight_packed") and k[: -len(".weight_packed")] not in roles:
+                raise qhead.UnsupportedError(
+                    f"load_quantized: {d}: {os.path.basename(f)} holds the packed module {k[: -len('.weight_packed')]!r}, "
+                    f"which is not a token table ({', '.join(sorted(roles))}); transformers loads such "
+                    "checkpoints through compressed-tensors")
     head_scheme = emb_scheme = None
-    if isinstance(qc, dict):
-        if qc.get("quant_method") != "compressed-tensors":
-            raise qhead.UnsupportedError(
-                f"load_quantized: {d}: quantization_config has quant_method {qc.get('quant_method')!r}; "
-                "qhead loads compressed-tensors token tables")
-        roles = {}
-        for role in (info.embedding, info.head):
-            if role is not None and role.tensor:
-                roles[role.tensor[: -len(".weight")] if role.tensor.endswith(".weight") else role.tensor] = role
-        for gname, group in (qc.get("config_groups") or {}).items():
-            targets = group.get("targets") or []
-            for t in targets:
-                if t not in roles and not any(t.endswith(n) or n.endswith(t) for n in roles):
-                    raise qhead.UnsupportedError(
-                        f"load_quantized: {d}: quantization_config group {gname!r} targets {t!r}, which is not a "
-                        "token table; transformers loads such checkpoints through compressed-tensors")
-    for role, attr in ((info.embedding, "e"), (info.head, "h")):
-        if role is not None and role.packed:
-            s = role.scheme.name if role.scheme is not None else None
-            if attr == "e":
-                emb_scheme = s
-            else:
-                head_scheme = s
+    if info.embedding is not None and info.embedding.packed:
+        emb_scheme = info.embedding.scheme.name
+    if info.head is not None and info.head.packed:
+        head_scheme = info.head.scheme.name
     if info.tied and (emb_scheme or head_scheme):
         emb_scheme = head_scheme = emb_scheme or head_scheme
     if emb_scheme is None and head_scheme is None:
