@@ -1,0 +1,185 @@
+"""qhead: quantized LLM token tables (embedding / lm_head).
+
+A table is stored in the compressed-tensors pack-quantized layout (int4 / int8,
+per group or per row, symmetric or with zero points) and the ops run on it
+directly: ``embed`` (gather rows), ``logits`` (x @ W^T), ``topk`` (top-k and
+log-sum-exp without the [M, V] logits) and ``rescore`` (exact logits of
+candidates from full-precision rows).
+
+Arrays are anything with ``__dlpack__`` (numpy arrays, torch tensors on the CPU
+or CUDA) and are used without copies. Outputs are written into the arrays given
+as ``out`` / ``values`` / ``ids`` / ``lse``, or allocated in the framework of the
+input: torch tensors in, torch tensors out on the same device; numpy in, numpy
+out. ``import qhead`` does not import torch.
+
+Errors are :class:`qhead.Error` subclasses carrying the C++ message, which
+names the op, the tensor and what was expected.
+"""
+
+from __future__ import annotations
+
+import sys as _sys
+
+from . import _C
+from ._C import (  # noqa: F401  (re-exported)
+    Error,
+    GgufFile,
+    InternalError,
+    InvalidArgumentError,
+    InvalidFileError,
+    IoError,
+    ModelInfo,
+    Role,
+    Scheme,
+    Table,
+    TokenTables,
+    UnsupportedError,
+    cuda_allocated_bytes,
+    cuda_available,
+    cuda_synchronize,
+    inspect_model,
+    load_gguf_tables,
+    load_model_tables,
+    load_packed,
+    num_threads,
+    quantize,
+    quantize_roles,
+    set_num_threads,
+)
+
+__version__ = _C.__version__
+
+__all__ = [
+    "Error", "InvalidArgumentError", "InvalidFileError", "IoError", "UnsupportedError", "InternalError",
+    "Scheme", "Table", "TokenTables", "ModelInfo", "Role", "GgufFile",
+    "quantize", "quantize_roles", "load_packed", "inspect_model", "load_model_tables", "load_gguf_tables",
+    "embed", "logits", "topk", "rescore", "to_device",
+    "set_num_threads", "num_threads", "cuda_available", "cuda_synchronize", "cuda_allocated_bytes",
+    "__version__",
+]
+
+# ---- output allocation in the input's framework ----------------------------------------------
+
+_NUMPY_DTYPES = {"f32": "float32", "f16": "float16", "i32": "int32"}
+
+
+def _torch_of(a):
+    """torch, when `a` is a torch tensor (torch is only looked up, never imported here)."""
+    torch = _sys.modules.get("torch")
+    if torch is not None and isinstance(a, torch.Tensor):
+        return torch
+    return None
+
+
+def _dtype_name(dtype, op):
+    """'f32' / 'f16' / 'bf16' from a string, a numpy dtype or a torch dtype."""
+    if dtype is None:
+        return "f32"
+    if isinstance(dtype, str):
+        s = dtype.lower()
+    else:
+        s = str(dtype).lower()
+        s = s.rsplit(".", 1)[-1]  # torch.float16 -> float16
+        s = s.replace("<class 'numpy.", "").rstrip("'>")
+    names = {"f32": "f32", "float32": "f32", "float": "f32", "f16": "f16", "float16": "f16", "half": "f16",
+             "bf16": "bf16", "bfloat16": "bf16"}
+    if s not in names:
+        raise InvalidArgumentError(f"{op}: dtype must be f32, f16 or bf16, got {dtype!r}")
+    return names[s]
+
+
+def _empty(like, shape, dtype, op):
+    """A new array of `shape` and dtype name `dtype` in the framework (and on the device) of `like`,
+    or None when `like` is not a numpy array or a torch tensor (the op then reports the bad argument)."""
+    torch = _torch_of(like)
+    if torch is not None:
+        t = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32}[dtype]
+        return torch.empty(shape, dtype=t, device=like.device)
+    np = _sys.modules.get("numpy")
+    if np is not None and isinstance(like, np.ndarray):
+        if dtype not in _NUMPY_DTYPES:
+            raise UnsupportedError(f"{op}: numpy has no {dtype} arrays; pass torch tensors or an out array")
+        return np.empty(shape, dtype=_NUMPY_DTYPES[dtype])
+    return None
+
+
+def _rows(a):
+    """Leading dim of an array (1 for anything without a shape), for sizing outputs only."""
+    shape = getattr(a, "shape", None)
+    return int(shape[0]) if shape is not None and len(shape) >= 1 else 1
+
+
+def _stream(a):
+    """torch's current CUDA stream when `a` is a torch CUDA tensor, else None."""
+    torch = _torch_of(a)
+    if torch is not None and a.is_cuda:
+        return torch.cuda.current_stream(a.device).cuda_stream
+    return None
+
+
+# ---- ops -----------------------------------------------------------------------------------------
+
+def embed(table, ids, out=None, *, dtype=None, stream=None):
+    """Rows of the table for token ids, dequantized: out[n, :] = W[ids[n], :].
+
+    table: Table [V, H]; ids: int32/int64 [N], each in [0, V); out: f32/f16/bf16 [N, H], written and
+    returned. Without out, one is allocated like ids (torch/numpy, same device) with dtype (f32 unless
+    given: "f32", "f16", "bf16" or a numpy/torch dtype).
+    """
+    if out is None:
+        out = _empty(ids, (_rows(ids), table.hidden), _dtype_name(dtype, "embed"), "embed")
+    _C.embed(table, ids, out, stream=stream if stream is not None else _stream(ids))
+    return out
+
+
+def logits(table, x, out=None, *, stream=None):
+    """out[m, v] = sum_j x[m, j] * W[v, j] (f32 accumulation).
+
+    table: Table [V, H]; x: f32/f16/bf16 [M, H]; out: f32 [M, V], written and returned (allocated like x
+    when not given).
+    """
+    if out is None:
+        out = _empty(x, (_rows(x), table.vocab), "f32", "logits")
+    _C.logits(table, x, out, stream=stream if stream is not None else _stream(x))
+    return out
+
+
+def topk(table, x, k, values=None, ids=None, lse=None, *, stream=None):
+    """The k largest logits of each row of x (sorted descending, ties: lower id first) and the
+    log-sum-exp of every row, without storing the [M, V] logits.
+
+    x: f32/f16/bf16 [M, H]; returns (values f32 [M, k], ids int32 [M, k], lse f32 [M]), allocated like x
+    where not given. 1 <= k <= V.
+    """
+    m = _rows(x)
+    if values is None:
+        values = _empty(x, (m, k), "f32", "topk")
+    if ids is None:
+        ids = _empty(x, (m, k), "i32", "topk")
+    if lse is None:
+        lse = _empty(x, (m,), "f32", "topk")
+    _C.topk(table, x, k, values, ids, lse, stream=stream if stream is not None else _stream(x))
+    return values, ids, lse
+
+
+def rescore(dense_table, x, candidates, values=None, ids=None, *, stream=None):
+    """Exact logits of candidate ids from a dense (full-precision) table, re-sorted descending
+    (ties: lower id first).
+
+    dense_table: a dense Table [V, H]; x: f32/f16/bf16 [M, H]; candidates: int32/int64 [M, k].
+    Returns (values f32 [M, k], ids int32 [M, k]), allocated like x where not given.
+    """
+    shape = tuple(getattr(candidates, "shape", (_rows(x), 1)))
+    if len(shape) != 2:
+        shape = (_rows(x), 1)  # the op reports the candidates' shape
+    if values is None:
+        values = _empty(x, shape, "f32", "rescore")
+    if ids is None:
+        ids = _empty(x, shape, "i32", "rescore")
+    _C.rescore(dense_table, x, candidates, values, ids, stream=stream if stream is not None else _stream(x))
+    return values, ids
+
+
+def to_device(table, device="cuda"):
+    """The table on "cuda" (one device allocation) or "cpu"; the table itself when it is there."""
+    return table.to_device(device)
