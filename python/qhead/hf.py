@@ -32,7 +32,7 @@ Importing this module registers the quantizer with transformers.
 """
 from __future__ import annotations
 
-import json
+import copy
 import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -455,7 +455,8 @@ class QHeadHfQuantizer(HfQuantizer):
         return model
 
     def _process_model_after_weight_loading(self, model: PreTrainedModel, **kwargs: Any) -> PreTrainedModel:
-        cfg = self.quantization_config
+        # The model's own copy: the caller's QHeadConfig is not filled in with this model's roles.
+        cfg = self.quantization_config = copy.deepcopy(self.quantization_config)
         names = getattr(self, "_names", None)
         if not self._packed:
             # A dense checkpoint: quantize after loading.
@@ -531,15 +532,17 @@ class QHeadHfQuantizer(HfQuantizer):
                 raise qhead.UnsupportedError(
                     f"save_pretrained: {name} is a GPTQ act-order table (col_perm); the compressed-tensors layout "
                     "qhead saves has no column permutation")
-            sd[name + ".weight_packed"] = t.weight_packed
-            sd[name + ".weight_scale"] = t.weight_scale
+            # A table mapped from a checkpoint file is copied: the save may overwrite that file.
+            own = (lambda x: x.clone()) if getattr(t, "_mapped", False) else (lambda x: x)
+            sd[name + ".weight_packed"] = own(t.weight_packed)
+            sd[name + ".weight_scale"] = own(t.weight_scale)
             if t.weight_zero_point is not None:
-                sd[name + ".weight_zero_point"] = t.weight_zero_point
+                sd[name + ".weight_zero_point"] = own(t.weight_zero_point)
             sd[name + ".weight_shape"] = torch.tensor([t.vocab, t.hidden], dtype=torch.int64)
             if isinstance(m, QuantLMHead) and m.rescore:
                 dense = m._dense()
                 if dense is not None:
-                    sd[name + _DENSE_SUFFIX] = dense
+                    sd[name + _DENSE_SUFFIX] = dense.clone() if m.dense_rows not in ("cpu", "device") else dense
         for k, v in list(sd.items()):
             if isinstance(v, torch.Tensor) and v.device.type != "cpu":
                 sd[k] = v.detach().to("cpu")
