@@ -12,6 +12,9 @@ as ``out`` / ``values`` / ``ids`` / ``lse``, or allocated in the framework of th
 input: torch tensors in, torch tensors out on the same device; numpy in, numpy
 out. ``import qhead`` does not import torch.
 
+On CUDA tables the ops run on the ``stream`` given (a ``cudaStream_t`` as an
+integer), else on torch's current stream for torch tensors.
+
 Errors are :class:`qhead.Error` subclasses carrying the C++ message, which
 names the op, the tensor and what was expected.
 """
@@ -94,7 +97,7 @@ def _empty(like, shape, dtype, op):
     torch = _torch_of(like)
     if torch is not None:
         t = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16, "i32": torch.int32}[dtype]
-        return torch.empty(shape, dtype=t, device=like.device)
+        return like.new_empty(shape, dtype=t)  # torch, on like's device
     np = _sys.modules.get("numpy")
     if np is not None and isinstance(like, np.ndarray):
         if dtype not in _NUMPY_DTYPES:
@@ -109,12 +112,34 @@ def _rows(a):
     return int(shape[0]) if shape is not None and len(shape) >= 1 else 1
 
 
-def _stream(a):
-    """torch's current CUDA stream when `a` is a torch CUDA tensor, else None."""
-    torch = _torch_of(a)
-    if torch is not None and a.is_cuda:
-        return torch.cuda.current_stream(a.device).cuda_stream
-    return None
+def _py_stream_of(tp):
+    """How the wrappers find the CUDA stream for arrays of type `tp` (cached per type): None when _C finds it
+    itself (torch >= 2.10 tells it through the DLPack exchange API) or the type has no CUDA arrays; for an
+    older torch, a function returning torch's current stream of a CUDA tensor."""
+    f = _STREAM_OF.get(tp)
+    if f is None:
+        torch = _sys.modules.get("torch")
+        if torch is not None and issubclass(tp, torch.Tensor) and \
+                getattr(tp, "__dlpack_c_exchange_api__", None) is None:
+            def f(a):
+                return torch.cuda.current_stream(a.device).cuda_stream if a.is_cuda else None
+        else:
+            f = False
+        _STREAM_OF[tp] = f
+    return f
+
+
+_STREAM_OF = {}
+
+
+def _stream(a, stream):
+    """The stream keyword for _C: the caller's, else torch's current stream where _C cannot ask torch itself."""
+    if stream is not None:
+        return stream
+    f = _STREAM_OF.get(type(a))
+    if f is None:
+        f = _py_stream_of(type(a))
+    return f(a) if f else None
 
 
 # ---- ops -----------------------------------------------------------------------------------------
@@ -128,7 +153,7 @@ def embed(table, ids, out=None, *, dtype=None, stream=None):
     """
     if out is None:
         out = _empty(ids, (_rows(ids), table.hidden), _dtype_name(dtype, "embed"), "embed")
-    _C.embed(table, ids, out, stream=stream if stream is not None else _stream(ids))
+    _C.embed(table, ids, out, stream=_stream(ids, stream))
     return out
 
 
@@ -140,7 +165,7 @@ def logits(table, x, out=None, *, stream=None):
     """
     if out is None:
         out = _empty(x, (_rows(x), table.vocab), "f32", "logits")
-    _C.logits(table, x, out, stream=stream if stream is not None else _stream(x))
+    _C.logits(table, x, out, stream=_stream(x, stream))
     return out
 
 
@@ -158,7 +183,7 @@ def topk(table, x, k, values=None, ids=None, lse=None, *, stream=None):
         ids = _empty(x, (m, k), "i32", "topk")
     if lse is None:
         lse = _empty(x, (m,), "f32", "topk")
-    _C.topk(table, x, k, values, ids, lse, stream=stream if stream is not None else _stream(x))
+    _C.topk(table, x, k, values, ids, lse, stream=_stream(x, stream))
     return values, ids, lse
 
 
@@ -176,10 +201,10 @@ def rescore(dense_table, x, candidates, values=None, ids=None, *, stream=None):
         values = _empty(x, shape, "f32", "rescore")
     if ids is None:
         ids = _empty(x, shape, "i32", "rescore")
-    _C.rescore(dense_table, x, candidates, values, ids, stream=stream if stream is not None else _stream(x))
+    _C.rescore(dense_table, x, candidates, values, ids, stream=_stream(x, stream))
     return values, ids
 
 
 def to_device(table, device="cuda"):
-    """The table on "cuda" (one device allocation) or "cpu"; the table itself when it is there."""
+    """The table on "cuda" (one device allocation) or "cpu"; the same storage when it is there already."""
     return table.to_device(device)

@@ -91,8 +91,10 @@ void fill_view(const ND& nd, const char* op, const char* name, TensorView& v) {
   } else if (dev == nb::device::cuda::value) {
     v.device = Device::kCUDA;
   } else {
-    bad(op, std::string(name) + " is on DLPack device type " + std::to_string(dev) +
-                "; qhead takes CPU and CUDA arrays");
+    const char* dn = dev == 3 ? "cuda_host" : dev == 13 ? "cuda_managed" : dev == 10 ? "rocm" : dev == 8 ? "metal"
+                   : dev == 14 ? "oneapi" : dev == 7 ? "vulkan" : "another device";
+    bad(op, std::string(name) + " is on DLPack device type " + std::to_string(dev) + " (" + dn +
+                "); qhead takes CPU and CUDA arrays");
   }
   v.dtype = from_dl(nd.dtype(), op, name);
   v.data = const_cast<void*>(static_cast<const void*>(nd.data()));
@@ -114,13 +116,28 @@ void fill_view(const ND& nd, const char* op, const char* name, TensorView& v) {
   }
 }
 
+// What the array's own DLPack export says is wrong (its exception's message), or "".
+std::string dlpack_complaint(nb::handle obj) {
+  try {
+    obj.attr("__dlpack__")();
+  } catch (nb::python_error& e) {
+    return std::string(": ") + nb::type_name(e.type()).c_str() + ": " + nb::str(e.value()).c_str();
+  }
+  return "";
+}
+
 [[noreturn]] void not_an_array(nb::handle obj, const char* op, const char* name, bool writable) {
   if (obj.is_none()) bad(op, std::string(name) + " is None; expected an array (numpy, torch, anything with __dlpack__)");
   if (nb::hasattr(obj, "__dlpack__") || PyObject_CheckBuffer(obj.ptr())) {
-    if (writable)
-      bad(op, std::string(name) + " (" + type_of(obj) +
-                  ") cannot be written: qhead writes outputs in place and takes writable arrays only");
-    bad(op, std::string(name) + " (" + type_of(obj) + ") could not be taken as an array through DLPack");
+    if (writable) {
+      nb::detail::make_caster<nb::ndarray<nb::ro>> c;
+      if (c.from_python(obj, 0, nullptr))
+        bad(op, std::string(name) + " (" + type_of(obj) +
+                    ") is read-only: qhead writes outputs in place and takes writable arrays only");
+      PyErr_Clear();
+    }
+    bad(op, std::string(name) + " (" + type_of(obj) + ") could not be taken as an array through DLPack" +
+                (nb::hasattr(obj, "__dlpack__") ? dlpack_complaint(obj) : std::string()));
   }
   bad(op, std::string(name) + " must be an array (numpy, torch, anything with __dlpack__), got " + type_of(obj));
 }
@@ -149,7 +166,7 @@ const dlx::ExchangeApi* lookup_api(PyTypeObject* tp, bool* writable) {
   if (api->header.version.major != 1 || !api->managed_tensor_from_py_object_no_sync) return nullptr;
   // torch has no read-only tensors, so its non-owning export (which has no
   // read-only flag) is safe for outputs; other producers' arrays may be read-only.
-  nb::handle mod = nb::handle(reinterpret_cast<PyObject*>(tp)).attr("__module__");
+  nb::object mod = nb::handle(reinterpret_cast<PyObject*>(tp)).attr("__module__");
   const char* m = PyUnicode_Check(mod.ptr()) ? PyUnicode_AsUTF8(mod.ptr()) : nullptr;
   if (!m) PyErr_Clear();
   *writable = m && (std::strncmp(m, "torch", 5) == 0 && (m[5] == '\0' || m[5] == '.'));
@@ -239,18 +256,18 @@ void import_array(nb::handle obj, const char* op, const char* name, bool writabl
       PyErr_Clear();
       not_an_array(obj, op, name, true);
     }
-    arg.out = std::move(c.value);
-    fill_view(arg.out, op, name, arg.view);
-    arg.device_id = arg.out.device_id();
+    arg.out.emplace(std::move(c.value));
+    fill_view(*arg.out, op, name, arg.view);
+    arg.device_id = arg.out->device_id();
   } else {
     nb::detail::make_caster<nb::ndarray<nb::ro>> c;
     if (!c.from_python(obj, 0, nullptr)) {
       PyErr_Clear();
       not_an_array(obj, op, name, false);
     }
-    arg.in = std::move(c.value);
-    fill_view(arg.in, op, name, arg.view);
-    arg.device_id = arg.in.device_id();
+    arg.in.emplace(std::move(c.value));
+    fill_view(*arg.in, op, name, arg.view);
+    arg.device_id = arg.in->device_id();
   }
   if (api) arg.api = api;
 }
@@ -279,7 +296,7 @@ Tensor keep_array(nb::handle obj, const char* op, const char* name) {
     if (api) PyErr_Clear();
     ArrayArg a;
     import_array(obj, op, name, false, a);
-    k->nd = std::move(a.in);
+    k->nd = std::move(*a.in);
     view = a.view;
   }
   // The last reference may be dropped on a thread without the GIL (an op

@@ -38,8 +38,8 @@ namespace nb = nanobind;
 // An array borrowed for the duration of one call: `in` (read-only import)
 // or `out` (writable import) keeps the export alive.
 struct ArrayArg {
-  nb::ndarray<nb::ro> in;
-  nb::ndarray<> out;
+  std::optional<nb::ndarray<nb::ro>> in;  // set only on the __dlpack__ path (nothing to release otherwise)
+  std::optional<nb::ndarray<>> out;
   TensorView view;
   const dlx::ExchangeApi* api = nullptr;  // the producer's DLPack exchange API, when its type has one
   int32_t device_id = 0;

@@ -116,16 +116,17 @@ void register_model(nb::module_& m) {
       });
 
   nb::class_<ModelInfo>(m, "ModelInfo", "What inspect_model found in a Hugging Face model directory.")
-      .def_ro("dir", &ModelInfo::dir)
+      .def_ro("dir", &ModelInfo::dir, "The model directory.")
       .def_ro("architecture", &ModelInfo::architecture, "config architectures[0] (or model_type).")
-      .def_ro("model_type", &ModelInfo::model_type)
-      .def_ro("vocab", &ModelInfo::vocab)
-      .def_ro("hidden", &ModelInfo::hidden)
-      .def_ro("tied", &ModelInfo::tied)
-      .def_ro("compressed_tensors", &ModelInfo::compressed_tensors)
+      .def_ro("model_type", &ModelInfo::model_type, "config model_type (\"\" when absent).")
+      .def_ro("vocab", &ModelInfo::vocab, "V: rows of the table (config vocab_size).")
+      .def_ro("hidden", &ModelInfo::hidden, "H: the hidden size.")
+      .def_ro("tied", &ModelInfo::tied, "One table serves the embedding and the head.")
+      .def_ro("compressed_tensors", &ModelInfo::compressed_tensors,
+               "config.json carries a compressed-tensors quantization_config.")
       .def_ro("quant_method", &ModelInfo::quant_method, "\"compressed-tensors\", \"gptq\" or \"\".")
-      .def_ro("embedding", &ModelInfo::embedding)
-      .def_ro("head", &ModelInfo::head)
+      .def_ro("embedding", &ModelInfo::embedding, "The input embedding's Role.")
+      .def_ro("head", &ModelInfo::head, "The output head's (lm_head) Role.")
       .def_prop_ro("table_bytes", &ModelInfo::table_bytes, "Bytes of the token table (a tied table once).")
       .def("__repr__", [](const ModelInfo& i) {
         return "qhead.ModelInfo(architecture=\"" + i.architecture + "\", vocab=" + std::to_string(i.vocab) +
@@ -167,7 +168,7 @@ void register_model(nb::module_& m) {
              new (self) GgufFile(std::move(f));
            },
            nb::arg("path"), "Maps and validates path (every count, length, type and offset checked).")
-      .def_prop_ro("path", &GgufFile::path)
+      .def_prop_ro("path", &GgufFile::path, "The file's path.")
       .def_prop_ro("version", &GgufFile::version, "GGUF version (2 or 3).")
       .def_prop_ro("names", &GgufFile::names, "Tensor names in file order.")
       .def_prop_ro("keys", &GgufFile::keys, "Metadata keys in file order.")
@@ -197,7 +198,8 @@ void register_model(nb::module_& m) {
           nb::arg("key"),
           nb::sig("def get(self, key: str) -> object"),
           "A metadata value (int, float, bool, str or list), None when the key is absent.")
-      .def("__contains__", [](const GgufFile& f, const std::string& name) { return f.contains(name); })
+      .def("__contains__", [](const GgufFile& f, const std::string& name) { return f.contains(name); },
+           nb::arg("name"), "True when the file holds a tensor of that name.")
       .def("__repr__", [](const GgufFile& f) {
         return "qhead.GgufFile(\"" + f.path() + "\", version=" + std::to_string(f.version()) +
                ", tensors=" + std::to_string(f.names().size()) + ")";

@@ -138,7 +138,8 @@ void register_tables(nb::module_& m) {
       .def_prop_ro("scale_dtype", [](const QuantScheme& s) { return short_dtype_name(s.scale_dtype); },
                    "Dtype of the scales: \"f16\", \"bf16\" or \"f32\".")
       .def_prop_ro("name", &QuantScheme::name, "The scheme's name (\"w4g64\"); the scale dtype is not part of it.")
-      .def("__eq__", [](const QuantScheme& a, const QuantScheme& b) { return a == b; })
+      .def("__eq__", [](const QuantScheme& a, const QuantScheme& b) { return a == b; },
+           "Same bits, group size, symmetry and scale dtype.")
       .def("__hash__", [](const QuantScheme& s) {
         return nb::hash(nb::make_tuple(s.bits, s.group_size, s.symmetric, static_cast<int>(s.scale_dtype)));
       })
@@ -218,7 +219,8 @@ void register_tables(nb::module_& m) {
       .def_prop_ro("hidden", [](const PyTable& t) { return t.table.hidden(); }, "H, the row length.")
       .def_prop_ro("shape", [](const PyTable& t) { return std::make_tuple(t.table.vocab(), t.table.hidden()); },
                    "(V, H).")
-      .def_prop_ro("is_packed", [](const PyTable& t) { return t.table.is_packed(); })
+      .def_prop_ro("is_packed", [](const PyTable& t) { return t.table.is_packed(); },
+                   "True for a packed (quantized) table, False for a dense one.")
       .def_prop_ro("device", [](const PyTable& t) { return t.table.device() == Device::kCUDA ? "cuda" : "cpu"; },
                    "\"cpu\" or \"cuda\".")
       .def_prop_ro("nbytes", [](const PyTable& t) { return t.table.nbytes(); }, "Bytes of storage, all tensors.")
@@ -262,7 +264,7 @@ void register_tables(nb::module_& m) {
                    "The [V, H] f32/f16/bf16 weight of a dense table (zero-copy view); None when packed.")
       .def("to_device", &to_device, nb::arg("device") = "cuda",
            "The table on \"cuda\" (one device allocation holding every tensor) or \"cpu\" (host copies); "
-           "the table itself when it is there already.")
+           "a table over the same storage when it is there already.")
       .def(
           "dequantize",
           [](const PyTable& t) {
