@@ -144,8 +144,8 @@ def _check_model(model: Any, op: str) -> None:
 
 
 def _roles(model: PreTrainedModel, op: str) -> Tuple[nn.Module, nn.Module]:
-    """(input embedding, output embedding) modules, checked to be an embedding and a bias-free
-    linear of one [V, H] shape."""
+    """(input embedding, output embedding) modules, checked to be an nn.Embedding (plain, or
+    scaled as Gemma's) and a bias-free nn.Linear."""
     emb = model.get_input_embeddings()
     head = model.get_output_embeddings()
     cls = type(model).__name__
@@ -158,6 +158,13 @@ def _roles(model: PreTrainedModel, op: str) -> Tuple[nn.Module, nn.Module]:
     if not isinstance(emb, nn.Embedding):
         raise qhead.UnsupportedError(
             f"{op}: {cls}'s input embedding is a {type(emb).__name__}, not an nn.Embedding")
+    if emb.max_norm is not None:
+        raise qhead.UnsupportedError(f"{op}: {cls}'s input embedding renormalizes rows (max_norm); qhead's does not")
+    if type(emb).forward is not nn.Embedding.forward and not hasattr(emb, "embed_scale") and \
+            not hasattr(emb, "scalar_embed_scale"):
+        raise qhead.UnsupportedError(
+            f"{op}: {cls}'s input embedding {type(emb).__name__} has its own forward; qhead reproduces "
+            "nn.Embedding and the scaled embedding (embed_scale) only")
     if not isinstance(head, nn.Linear):
         raise qhead.UnsupportedError(f"{op}: {cls}'s output embedding is a {type(head).__name__}, not an nn.Linear")
     if head.bias is not None:
@@ -174,7 +181,9 @@ def _embed_scale(emb: nn.Module) -> Optional[float]:
         return None
     if isinstance(s, torch.Tensor):
         if s.device.type == "meta":
-            return None
+            raise qhead.UnsupportedError(
+                f"qhead.hf: {type(emb).__name__}.embed_scale is not materialised (a meta tensor) and the module "
+                "has no scalar_embed_scale: its scale is unknown before the weights load")
         s = float(s)
     return float(s)
 
@@ -429,17 +438,14 @@ class QHeadHfQuantizer(HfQuantizer):
         self._packed = {r: n for r, n in names.items() if n + ".weight_packed" in self._index}
         if not self._packed:
             return model
-        cfg = self.quantization_config
         tied = bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False))
         self._tied = tied
         if "embedding" in self._packed and "head" not in self._packed and tied:
             self._packed["head"] = names["embedding"]  # one table, stored under the embedding's name
         elif "head" in self._packed and "embedding" not in self._packed and tied:
             self._packed["embedding"] = names["head"]
-        self._emb_extra = {"embed_scale": None, "padding_idx": getattr(emb, "padding_idx", None)}
-        s = getattr(emb, "scalar_embed_scale", None)
-        if s is not None:
-            self._emb_extra["embed_scale"] = float(s)
+        self._emb_extra = {"embed_scale": _embed_scale(emb) if "embedding" in self._packed else None,
+                           "padding_idx": getattr(emb, "padding_idx", None)}
         if "embedding" in self._packed:
             model.set_input_embeddings(_Pending("embedding", names["embedding"]))
         if "head" in self._packed:

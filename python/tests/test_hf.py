@@ -9,6 +9,8 @@ import copy
 import gc
 import json
 import os
+import shutil
+import subprocess
 import weakref
 
 import pytest
@@ -348,6 +350,36 @@ def test_load_quantized_compressed_tensors(case):
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(h(x), x @ deq.T, atol=1e-5, rtol=1e-5)
     assert m.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False, pad_token_id=0).shape == (1, 6)
+
+
+def _qhead_cli():
+    exe = os.environ.get("QHEAD_CLI") or shutil.which("qhead")
+    return exe if exe and os.access(exe, os.X_OK) else None
+
+
+@pytest.mark.skipif(_qhead_cli() is None, reason="the qhead CLI is not built (QHEAD_CLI names its path)")
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied-head-only"])
+def test_load_quantized_qhead_cli_output(tmp_path, tied):
+    """`qhead quantize MODEL_DIR` output loads into qhead modules with the CLI's packed bytes,
+    which are the bytes quantize_model makes (one RTN)."""
+    dense = _tiny("llama", tied)
+    dense.save_pretrained(tmp_path / "dense")
+    scheme = "w4g64" if tied else "w8"
+    subprocess.run([_qhead_cli(), "quantize", str(tmp_path / "dense"), "--head", scheme, "-o", str(tmp_path / "q")],
+                   check=True, capture_output=True)
+    m = qh.load_quantized(tmp_path / "q")
+    want = qh.quantize_model(copy.deepcopy(dense), head=scheme)
+    e, h = m.get_input_embeddings(), m.get_output_embeddings()
+    assert isinstance(h, QuantLMHead) and h.table.scheme == scheme
+    if tied:
+        assert isinstance(e, QuantEmbedding) and e.table is h.table
+    else:
+        assert type(e) is torch.nn.Embedding
+    assert torch.equal(h.table.weight_packed, want.lm_head.table.weight_packed)
+    assert torch.equal(h.table.weight_scale, want.lm_head.table.weight_scale)
+    ids = _ids()
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, want(ids).logits)
 
 
 def test_load_quantized_refuses_other_packed_modules(tmp_path):
