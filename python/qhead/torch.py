@@ -54,6 +54,7 @@ __all__ = [
     "table_from_tensors",
     "dense_table",
     "clear_table_cache",
+    "mmap_safetensors_tensor",
 ]
 
 _SCALE_DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16", torch.float32: "f32"}

@@ -392,6 +392,11 @@ def test_from_gptq_act_order():
     assert_close_bound(qt.QuantLMHead(t)(x).float(), wl, tol + 2 ** -11 * wl.abs(), "gptq head")
     with pytest.raises(qhead.InvalidArgumentError, match="not quantized"):
         qt.QuantTable.from_gptq(d, "embedding")
+    for name in ("autoround_w4g32_asym", "autoround_w8pc_sym", "gptqmodel_w8g64_sym_v2"):
+        d = FIXTURES / "gptq" / name
+        t = qt.QuantTable.from_gptq(d, "lm_head")
+        want = load_file(str(d / "expected.safetensors"))["lm_head.dequant_numpy"]
+        assert torch.equal(dequantize(t).to(torch.float32), want), name
 
 
 def test_from_gguf():
@@ -446,3 +451,26 @@ def test_compile_tiny_llama_fullgraph(monkeypatch):
     assert "qhead.embed" in code and "qhead.logits" in code  # the ops are in the graph, not a fast path
     assert got.shape == (2, 7, 301)
     assert torch.allclose(got, eager, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_dynamic_rows():
+    import torch._dynamo
+    from torch._dynamo.testing import CompileCounterWithBackend
+    w, t = make(61, 64, "w4g32")
+    emb, head = qt.QuantEmbedding(t), qt.QuantLMHead(t)
+
+    def step(ids, x):
+        v, i, l = head.topk(x, 3)
+        return emb(ids), head(x), v, i, l
+
+    torch._dynamo.reset()
+    backend = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(step, fullgraph=True, dynamic=True, backend=backend)
+    for n in (2, 5, 9):
+        ids = torch.randint(0, 61, (n,), generator=torch.Generator().manual_seed(n))
+        x = random_x((n, 64), n, torch.bfloat16)
+        got = compiled(ids, x)
+        want = step(ids, x)
+        for g, e in zip(got, want):
+            assert torch.equal(g, e)
+    assert backend.frame_count == 1  # one graph for every number of rows
