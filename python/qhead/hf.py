@@ -430,8 +430,11 @@ class QHeadHfQuantizer(HfQuantizer):
     def param_needs_quantization(self, model, param_name: str, **kwargs: Any) -> bool:
         return False
 
+    def preprocess_model(self, model: PreTrainedModel, dtype: Optional[torch.dtype] = None, **kwargs: Any):
+        self._dtype = dtype  # the dtype from_pretrained loads in: the embedding's output dtype
+        return super().preprocess_model(model, dtype=dtype, **kwargs)
+
     def _process_model_before_weight_loading(self, model: PreTrainedModel, **kwargs: Any) -> PreTrainedModel:
-        self._dtype = kwargs.get("dtype")
         self._index = _index_checkpoint(kwargs.get("checkpoint_files") or [])
         emb, head = _roles(model, "from_pretrained")
         names = {"embedding": _module_name(model, emb), "head": _module_name(model, head)}
@@ -477,7 +480,9 @@ class QHeadHfQuantizer(HfQuantizer):
             if stored in tables:
                 tables[role] = tables[stored]
                 continue
-            t = _load_packed_role(self._index, stored, None, dtype)
+            # The config's scheme name (a group as wide as the row reads back as that name,
+            # not as the per-row one it equals); the tensors are validated against it.
+            t = _load_packed_role(self._index, stored, getattr(cfg, role), dtype)
             if device.type != "cpu":
                 t = t.to(device)
             tables[role] = tables[stored] = t

@@ -295,6 +295,7 @@ def test_save_pretrained_round_trip(tmp_path, case):
     e, h = r.get_input_embeddings(), r.get_output_embeddings()
     assert isinstance(e, QuantEmbedding) and isinstance(h, QuantLMHead)
     assert (e.table is h.table) == (case == "tied")
+    assert h.table.scheme == "w4g64" and e.table.scheme == q.get_input_embeddings().table.scheme
     # The packed tensors as saved, not re-quantized from a dense copy.
     src = q.get_input_embeddings().table
     assert torch.equal(e.table.weight_packed, src.weight_packed)
