@@ -535,9 +535,13 @@ class QHeadHfQuantizer(HfQuantizer):
                 roles.append((name, m))
         written: Dict[int, str] = {}
         for name, m in roles:
+            if isinstance(m, QuantLMHead) and m.rescore:
+                dense = m._dense()
+                if dense is not None:
+                    sd[name + _DENSE_SUFFIX] = dense.clone() if m.dense_rows not in ("cpu", "device") else dense
             t = m.table
             if id(t) in written:
-                continue
+                continue  # a tied table: once, under the embedding's name
             written[id(t)] = name
             if t.col_perm is not None:
                 raise qhead.UnsupportedError(
@@ -550,10 +554,6 @@ class QHeadHfQuantizer(HfQuantizer):
             if t.weight_zero_point is not None:
                 sd[name + ".weight_zero_point"] = own(t.weight_zero_point)
             sd[name + ".weight_shape"] = torch.tensor([t.vocab, t.hidden], dtype=torch.int64)
-            if isinstance(m, QuantLMHead) and m.rescore:
-                dense = m._dense()
-                if dense is not None:
-                    sd[name + _DENSE_SUFFIX] = dense.clone() if m.dense_rows not in ("cpu", "device") else dense
         for k, v in list(sd.items()):
             if isinstance(v, torch.Tensor) and v.device.type != "cpu":
                 sd[k] = v.detach().to("cpu")

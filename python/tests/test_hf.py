@@ -264,11 +264,11 @@ def _packed_keys(path):
         return {k: f.get_tensor(k) for k in f.keys() if "embed" in k or "lm_head" in k or "wte" in k}
 
 
-@pytest.mark.parametrize("case", ["tied", "untied-rescore"])
+@pytest.mark.parametrize("case", ["tied", "tied-rescore", "untied-rescore"])
 def test_save_pretrained_round_trip(tmp_path, case):
-    if case == "tied":
+    if case.startswith("tied"):
         dense = _tiny("llama", True)
-        q = qh.quantize_model(copy.deepcopy(dense), head="w4g64")
+        q = qh.quantize_model(copy.deepcopy(dense), head="w4g64", rescore=4 if case == "tied-rescore" else 0)
     else:
         dense = _tiny("llama", False)
         q = qh.quantize_model(copy.deepcopy(dense), head="w4g64", embedding="w8", rescore=4)
@@ -280,10 +280,13 @@ def test_save_pretrained_round_trip(tmp_path, case):
     qc = cfg["quantization_config"]
     assert qc["quant_method"] == "qhead" and qc["head"] == "w4g64"
     tensors = _packed_keys(str(tmp_path / "model.safetensors"))
-    if case == "tied":
+    if case.startswith("tied"):
         assert qc["tied"] is True
+        rows = {"lm_head.dense_weight"} if case == "tied-rescore" else set()
         assert set(tensors) == {"model.embed_tokens.weight_packed", "model.embed_tokens.weight_scale",
-                                "model.embed_tokens.weight_shape"}
+                                "model.embed_tokens.weight_shape"} | rows
+        if rows:  # the full-precision rows, as they were
+            assert torch.equal(tensors["lm_head.dense_weight"], dense.lm_head.weight.detach())
     else:
         assert qc["embedding"] == "w8" and qc["rescore"] == 4
         assert {"lm_head.weight_packed", "lm_head.weight_scale", "lm_head.dense_weight",
@@ -294,14 +297,14 @@ def test_save_pretrained_round_trip(tmp_path, case):
     r = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
     e, h = r.get_input_embeddings(), r.get_output_embeddings()
     assert isinstance(e, QuantEmbedding) and isinstance(h, QuantLMHead)
-    assert (e.table is h.table) == (case == "tied")
+    assert (e.table is h.table) == case.startswith("tied")
     assert h.table.scheme == "w4g64" and e.table.scheme == q.get_input_embeddings().table.scheme
     # The packed tensors as saved, not re-quantized from a dense copy.
     src = q.get_input_embeddings().table
     assert torch.equal(e.table.weight_packed, src.weight_packed)
     assert torch.equal(e.table.weight_scale, src.weight_scale)
     assert torch.equal(e.table.weight_packed, tensors["model.embed_tokens.weight_packed"])
-    if case != "tied":
+    if case.endswith("rescore"):
         assert h.rescore == 4
         assert torch.equal(h.table.weight_packed, q.lm_head.table.weight_packed)
     with torch.no_grad():
