@@ -177,10 +177,11 @@ def topk(table, x, k, values=None, ids=None, lse=None, *, stream=None):
     where not given. 1 <= k <= V.
     """
     m = _rows(x)
+    kk = k if isinstance(k, int) and 1 <= k <= table.vocab else 0  # a bad k: the op reports it
     if values is None:
-        values = _empty(x, (m, k), "f32", "topk")
+        values = _empty(x, (m, kk), "f32", "topk")
     if ids is None:
-        ids = _empty(x, (m, k), "i32", "topk")
+        ids = _empty(x, (m, kk), "i32", "topk")
     if lse is None:
         lse = _empty(x, (m,), "f32", "topk")
     _C.topk(table, x, k, values, ids, lse, stream=_stream(x, stream))

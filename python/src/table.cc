@@ -78,6 +78,10 @@ PyTable to_device(const PyTable& t, const std::string& device) {
   if (device != "cuda" && device.rfind("cuda:", 0) != 0)
     bad("Table.to_device", "device must be \"cuda\" or \"cpu\", got \"" + device + "\"");
   if (t.table.device() == Device::kCUDA) return t;
+#ifdef QHEAD_HAS_CUDA
+  if (!cuda::available())
+    throw Error(ErrorCode::kUnsupported, "Table.to_device", "no CUDA device is visible (cuda_available() is False)");
+#endif
   nb::gil_scoped_release nogil;
   return from_table(cuda::to_device(t.table), false);
 }

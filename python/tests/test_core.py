@@ -563,6 +563,9 @@ BAD_CALLS = [
      "embed: dtype"),
     ("k zero", lambda t, d: qhead.topk(t, f32(1, 64), 0), qhead.InvalidArgumentError, "topk: k = 0"),
     ("k above V", lambda t, d: qhead.topk(t, f32(1, 64), 51), qhead.InvalidArgumentError, "topk: k = 51"),
+    ("k negative", lambda t, d: qhead.topk(t, f32(1, 64), -1), qhead.InvalidArgumentError, "topk: k = -1"),
+    ("k huge", lambda t, d: qhead.topk(t, torch.ones(1, 64), 10**12), qhead.InvalidArgumentError,
+     "topk: k = 1000000000000"),
     ("topk ids dtype", lambda t, d: qhead.topk(t, f32(1, 64), 2, ids=np.zeros((1, 2), np.int64)),
      qhead.InvalidArgumentError, "topk: ids must be I32"),
     ("topk lse None", lambda t, d: qhead._C.topk(t, f32(1, 64), 2, f32(1, 2), np.zeros((1, 2), np.int32), None),
@@ -643,8 +646,9 @@ def test_threads_and_cuda_queries():
     assert qhead.cuda_allocated_bytes() >= 0
     qhead.cuda_synchronize()  # a no-op without a device
     if not qhead.cuda_available():
-        with pytest.raises(qhead.UnsupportedError):
+        with pytest.raises(qhead.UnsupportedError) as e:
             qhead.quantize(f32(2, 64), "w8").to_device("cuda")
+        assert ("no CUDA device is visible" if qhead._C.built_with_cuda else "built without CUDA") in str(e.value)
 
 
 # ---- CUDA ----------------------------------------------------------------------------------------
