@@ -77,11 +77,16 @@ class QHeadConfig(QuantizationConfigMixin):
         safetensors path (mapped).
     scale_dtype: ``"f16"`` / ``"bf16"`` / ``"f32"``; None follows the weight's dtype.
     tied: filled in when the model is quantized: whether one table serves both roles.
+    exact_embedding: filled in when the model is quantized: True for a tied model whose head
+        rescores (rescore > 0) and whose embedding was not given a scheme: the embedding then
+        reads the full-precision rows the head keeps for rescoring (exact, no extra memory) and
+        the packed table serves the head.
     """
 
     def __init__(self, head: Optional[str] = "w4g64", embedding: Optional[str] = None, rescore: int = 0,
                  dense_rows: Optional[str] = "cpu", scale_dtype: Optional[str] = None,
-                 tied: Optional[bool] = None, threads: int = 0, **kwargs: Any):
+                 tied: Optional[bool] = None, threads: int = 0, exact_embedding: Optional[bool] = None,
+                 **kwargs: Any):
         self.quant_method = QUANT_METHOD
         self.head = head
         self.embedding = embedding
@@ -90,6 +95,7 @@ class QHeadConfig(QuantizationConfigMixin):
         self.scale_dtype = scale_dtype
         self.tied = tied
         self.threads = int(threads)
+        self.exact_embedding = exact_embedding
         # Keys a later version may add are kept (and saved back) rather than dropped.
         for k, v in kwargs.items():
             if k != "quant_method":
@@ -256,6 +262,8 @@ def _install(model: PreTrainedModel, emb_name: str, head_name: str, emb_old: Opt
         else:
             lm = QuantLMHead(head_table)
         model.set_output_embeddings(lm)
+        if rescore and config.exact_embedding and emb_table is head_table:
+            model.get_input_embeddings().use_dense_rows(lm._dense)
     _untie(model, [n for n, t in ((emb_name, emb_table), (head_name, head_table)) if t is not None])
 
 
@@ -277,6 +285,8 @@ def _quantize_loaded(model: PreTrainedModel, config: QHeadConfig, op: str) -> Pr
         w = emb.weight
         table = QuantTable.from_dense(w.detach(), scheme, scale_dtype=_scale_dtype(w, config.scale_dtype),
                                       threads=config.threads)
+        # The rows kept for rescoring serve the embedding too, unless it was given a scheme.
+        config.exact_embedding = bool(config.rescore) and config.embedding is None
         config.head = config.embedding = table.scheme
         config.tied = True
         dense = w.detach() if config.rescore else None
@@ -314,7 +324,9 @@ def quantize_model(model: PreTrainedModel, head: Optional[str] = "w4g64", embedd
     roles) gets one packed table for both roles, with ``head``'s scheme (``embedding``'s when
     ``head`` is None); its dense Parameter is released unless ``rescore > 0`` keeps it as the
     rescoring rows (``dense_rows="cpu"``: in CPU memory, ``"device"``: on the model's device, a
-    path: a safetensors file mapped instead). The embedding keeps the model's scale (Gemma's
+    path: a safetensors file mapped instead). Those kept rows then also serve the embedding when
+    ``embedding`` is None (exact embeddings at no extra memory; the packed table serves the head),
+    so that rescoring gives the dense model's greedy tokens. The embedding keeps the model's scale (Gemma's
     sqrt(H)) and the model's dtype.
 
     Raises qhead.InvalidArgumentError for a bad scheme name, a model without an output embedding

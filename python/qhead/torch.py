@@ -39,7 +39,7 @@ import os
 import struct
 import weakref
 from collections import OrderedDict
-from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -687,6 +687,31 @@ class QuantEmbedding(nn.Module):
         scale = None if embed_scale is None else torch.tensor(float(embed_scale), dtype=torch.float32,
                                                                device=table.device)
         self.register_buffer("embed_scale", scale, persistent=False)
+        self._dense_rows: Optional[Callable[[], Tensor]] = None
+
+    def use_dense_rows(self, rows: Optional[Callable[[], Tensor]]) -> None:
+        """Gathers from the full-precision [V, H] rows that ``rows()`` returns instead of the packed
+        table (None: back to the packed table). A tied model whose head rescores keeps those rows
+        anyway (QuantLMHead's dense rows, on the CPU, the device or mapped from a file), so its
+        embedding becomes exact at no extra memory while the packed table serves the head. The
+        rows are read where they live and the result moved to the ids' device."""
+        self._dense_rows = rows
+
+    def _forward_dense(self, ids: Tensor) -> Tensor:
+        rows = self._dense_rows()
+        flat = ids.reshape(-1)
+        if flat.dtype not in (torch.int32, torch.int64):
+            raise qhead.InvalidArgumentError(f"embed: ids must be int32 or int64, got {flat.dtype}")
+        if flat.numel() and not torch.compiler.is_compiling():
+            lo, hi = (int(v) for v in torch.aminmax(flat))
+            if lo < 0 or hi >= rows.shape[0]:
+                raise qhead.InvalidArgumentError(
+                    f"embed: ids [{flat.numel()}]: id {lo if lo < 0 else hi} is out of range [0, {rows.shape[0]})")
+        out = rows.index_select(0, flat.to(rows.device)).to(device=ids.device, dtype=self.dtype)
+        scale = self._buffers["embed_scale"]
+        if scale is not None:
+            out = out * scale.to(device=out.device, dtype=out.dtype)
+        return out.view(*ids.shape, rows.shape[1])
 
     def _apply(self, fn, recurse=True):
         probe = fn(torch.zeros(0, dtype=self.dtype))
@@ -695,6 +720,8 @@ class QuantEmbedding(nn.Module):
         return super()._apply(fn, recurse)
 
     def forward(self, ids: Tensor) -> Tensor:
+        if self._dense_rows is not None:
+            return self._forward_dense(ids)
         t = self._modules["table"]  # (not self.table: nn.Module's __getattr__ costs a µs per call)
         flat = (ids if ids.dim() == 1 else ids.reshape(-1)).contiguous()
         wp = t._buffers["weight_packed"]
@@ -710,7 +737,8 @@ class QuantEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         s = f"{self.num_embeddings}, {self.embedding_dim}, dtype={self.dtype}"
-        return s + ("" if self.embed_scale is None else f", embed_scale={float(self.embed_scale):g}")
+        s += "" if self.embed_scale is None else f", embed_scale={float(self.embed_scale):g}"
+        return s + (", rows=dense" if self._dense_rows is not None else "")
 
 
 class QuantLMHead(nn.Module):

@@ -191,10 +191,15 @@ def test_rescore_top_k_exact():
     assert torch.equal(ids[:, 0].long(), exact.argmax(1))
     torch.testing.assert_close(values.double(), exact.gather(1, ids.long()), atol=1e-5, rtol=1e-6)
     assert bool((values[:, :-1] >= values[:, 1:]).all())
-    # Without rescoring those logits are the quantized ones.
+    # The tied embedding reads the rows kept for rescoring: the dense model's embeddings exactly.
+    ids = _ids(4, 16, seed=4)
+    assert torch.equal(q.get_input_embeddings()(ids), dense.get_input_embeddings()(ids))
+    assert q.config.quantization_config.exact_embedding is True
+    # Without rescoring the embedding is the packed table's rows, and the logits (on the same x)
+    # are the quantized ones.
     q0 = qh.quantize_model(copy.deepcopy(dense), head="w4g64")
-    l0, x0 = _head_input(q0, _ids(4, 16, seed=3))
-    assert torch.equal(x0, x)
+    assert torch.equal(q0.get_input_embeddings()(ids).double(), deq[ids])
+    l0 = q0.lm_head(x)
     assert float((l0.reshape(-1, V).double().gather(1, candidates) - exact.gather(1, candidates)).abs().max()) > 1e-3
 
 
