@@ -33,7 +33,7 @@ step "Python package"
 CMAKE_GENERATOR="Unix Makefiles" "$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q \
       -Cbuild-dir=build-gpu -Ccmake.define.QHEAD_TESTS=ON -Ccmake.define.CMAKE_CUDA_ARCHITECTURES="$ARCH" . \
       > "$OUT_DIR/pip.log" 2>&1 || { tail -30 "$OUT_DIR/pip.log"; exit 1; }
-HF_HUB_OFFLINE=1 "$PY" -m pytest -q -rs python/tests > "$OUT_DIR/pytest.log" 2>&1 || status=1
+HF_HUB_OFFLINE=1 QHEAD_CLI="$PWD/build-gpu/qhead" "$PY" -m pytest -q -rs python/tests > "$OUT_DIR/pytest.log" 2>&1 || status=1
 tail -25 "$OUT_DIR/pytest.log"
 
 step "binding overhead"

@@ -23,9 +23,9 @@ scripts/check-install.sh build
 # module is new).
 CMAKE_GENERATOR="Unix Makefiles" "$PY" -m pip install --disable-pip-version-check --no-build-isolation --no-deps -q \
   -Cbuild-dir=build -Ccmake.define.QHEAD_TESTS=ON .
-(cd python/tests && "$PY" -c "import qhead; print('qhead', qhead.__version__, 'from', qhead.__file__)")
+(cd python/tests && "$PY" -c "import qhead, qhead.torch, qhead.hf; print('qhead', qhead.__version__, 'from', qhead.__file__)")
 scripts/fetch_models.sh || echo "qhead: the real models could not be fetched; their tests skip"
-HF_HUB_OFFLINE=1 "$PY" -m pytest -q python/tests
+HF_HUB_OFFLINE=1 QHEAD_CLI="$PWD/build/qhead" "$PY" -m pytest -q -rs python/tests
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DQHEAD_SANITIZE=ON -DQHEAD_CUDA=OFF -DQHEAD_TESTS=ON
 cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
