@@ -6,11 +6,13 @@ For each op it times many back-to-back calls without synchronizing and divides
 the kernels run behind it, on CPU the op's own work is included):
 
   raw     qhead._C.<op> with preallocated outputs and a prebuilt Table
-  op      torch.ops.qhead.<op>.default, arguments positional (torch.library.define + impl:
-          the dispatcher calls the Python kernel)
+  op      torch.ops.qhead.<op>.default, arguments positional: the C++ kernels of
+          qhead/_torch_ops when the package has them (qhead.torch.OPS == "cpp"), else the
+          Python kernels (torch.library.define + impl); QHEAD_TORCH_OPS=python forces those
   op-kwargs  the same through the overload packet with scheme/vocab/hidden by name
-  custom  the same kernel registered through torch.library.custom_op (for comparison)
+  custom  the Python kernel registered through torch.library.custom_op (for comparison)
   module  QuantLMHead.forward / .topk, QuantEmbedding.forward (eager: they call _C directly)
+  module-op  the same modules made to take their torch.ops path (as under torch.compile)
 
 and prints the overhead of each over `raw`. One JSON row per case (commit,
 device, command, date) goes to stdout or --json FILE, then a table.
@@ -141,6 +143,17 @@ def main() -> int:
     stream = qt._stream(out)
     head, emb = qt.QuantLMHead(t), qt.QuantEmbedding(t, dtype=act)
     c_logits, c_embed = register_custom_ops()
+
+    def op_path(fn):
+        """fn with the modules' eager fast path off (they call torch.ops.qhead.*)."""
+        def run():
+            eager = qt._eager
+            qt._eager = lambda *_: False
+            try:
+                return fn()
+            finally:
+                qt._eager = eager
+        return run
     ops = torch.ops.qhead
 
     cases = {
@@ -150,11 +163,13 @@ def main() -> int:
             "op-kwargs": lambda: ops.logits(*tensors, x, **kw),
             "custom": lambda: c_logits(*tensors, x, *pos),
             "module": lambda: head(x),
+            "module-op": op_path(lambda: head(x)),
         },
         "topk": {
             "raw": lambda: _C.topk(table, x, a.k, values, vids, lse, stream=stream),
             "op": lambda: ops.topk.default(*tensors, x, a.k, *pos),
             "module": lambda: head.topk(x, a.k),
+            "module-op": op_path(lambda: head.topk(x, a.k)),
         },
         "embed": {
             "raw": lambda: _C.embed(table, ids, rows, stream=stream),
@@ -162,6 +177,7 @@ def main() -> int:
             "op-kwargs": lambda: ops.embed(*tensors, ids, **kw, out_dtype=act),
             "custom": lambda: c_embed(*tensors, ids, *pos, act),
             "module": lambda: emb(ids),
+            "module-op": op_path(lambda: emb(ids)),
         },
     }
     # the pieces the op path adds, alone
@@ -183,6 +199,7 @@ def main() -> int:
         "scheme": a.scheme,
         "activations": str(act).replace("torch.", ""),
         "threads": qhead.num_threads(),
+        "ops": qt.OPS,
     }
     results = []
     for op, paths in cases.items():
@@ -204,7 +221,8 @@ def main() -> int:
             f.write(text)
     else:
         sys.stdout.write(text)
-    print(f"\n{meta['device']}  V={V} H={H} M=1 {a.scheme} x={meta['activations']}  commit {meta['commit'][:10]}"
+    print(f"\n{meta['device']}  V={V} H={H} M=1 {a.scheme} x={meta['activations']}  ops={qt.OPS}"
+          f"  commit {meta['commit'][:10]}"
           f"  (host µs per call over {a.reps} samples of {iters} calls)", file=sys.stderr)
     print(f"{'case':34s} {'median':>9s} {'over raw':>9s} {'min':>9s} {'over raw':>9s}", file=sys.stderr)
     for r in results:

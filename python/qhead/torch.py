@@ -233,8 +233,14 @@ def _stream(t: Tensor) -> Optional[int]:
 _OPS_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_ops.so")
 OPS = "python"
 if os.environ.get("QHEAD_TORCH_OPS", "").lower() != "python" and os.path.exists(_OPS_LIBRARY):
-    torch.ops.load_library(_OPS_LIBRARY)
-    OPS = "cpp"
+    try:
+        torch.ops.load_library(_OPS_LIBRARY)
+        OPS = "cpp"
+    except OSError as e:  # built against another torch (a symbol it lacks): the Python kernels serve
+        import warnings
+        warnings.warn(f"qhead.torch: cannot load {os.path.basename(_OPS_LIBRARY)} ({e}); registering the ops "
+                      f"from Python (reinstall qhead with --no-build-isolation against this torch for the C++ "
+                      f"kernels)", RuntimeWarning, stacklevel=2)
 
 # qhead::Error code (ErrorCode's order) → the Python class _C raises for it.
 _ERROR_CLASSES = (qhead.InvalidArgumentError, qhead.InvalidFileError, qhead.IoError, qhead.UnsupportedError,
