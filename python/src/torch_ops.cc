@@ -25,6 +25,7 @@
 // changed in place moves its version counter and the table is rebuilt (and
 // validated again). Inference tensors have no version counter: they are
 // keyed without it, as in qhead.torch's Python cache.
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
@@ -33,7 +34,9 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -319,7 +322,10 @@ auto guarded(F&& f) -> decltype(f()) {
 // ---- outputs and streams -----------------------------------------------------------------
 
 at::Tensor alloc(c10::IntArrayRef sizes, at::ScalarType dtype, const at::Device& dev) {
-  at::Tensor t = at::empty(sizes, at::TensorOptions().dtype(dtype).device(dev));
+  // CPU: the allocator directly (at::empty would dispatch once more); CUDA: at::empty (the
+  // caching allocator, through the dispatcher: no CUDA headers here).
+  at::Tensor t = dev.is_cpu() ? at::Tensor(at::detail::empty_cpu(sizes, dtype))
+                              : at::empty(sizes, at::TensorOptions().dtype(dtype).device(dev));
   if (g_poison.load(std::memory_order_relaxed)) {
     if (at::isFloatingType(dtype)) {
       t.fill_(std::numeric_limits<double>::quiet_NaN());
