@@ -14,6 +14,10 @@ the kernels run behind it, on CPU the op's own work is included):
   module  QuantLMHead.forward / .topk, QuantEmbedding.forward (eager: they call _C directly)
   module-op  the same modules made to take their torch.ops path (as under torch.compile)
 
+With the C++ kernels (qhead.torch.OPS == "cpp") the script also runs itself once with
+QHEAD_TORCH_OPS=python and adds those rows as py-op, py-op-kwargs and py-module-op (their
+overheads over that run's raw; --no-python-ops skips it).
+
 and prints the overhead of each over `raw`. One JSON row per case (commit,
 device, command, date) goes to stdout or --json FILE, then a table.
 
@@ -102,6 +106,32 @@ def register_custom_ops():
     return logits, embed
 
 
+def python_kernel_rows(a) -> list:
+    """The op rows of this benchmark run again with the Python kernels (QHEAD_TORCH_OPS=python)."""
+    import tempfile
+    argv = [x for x in sys.argv[1:]]
+    if "--json" in argv:
+        i = argv.index("--json")
+        del argv[i:i + 2]
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "rows.json")
+        env = dict(os.environ, QHEAD_TORCH_OPS="python")
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--no-python-ops", "--json", path],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            print(f"bench_binding: the run with the Python kernels failed:\n{r.stderr}", file=sys.stderr)
+            return []
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    keep = {"op": "py-op", "op-kwargs": "py-op-kwargs", "module-op": "py-module-op"}
+    out = []
+    for row in rows:
+        op, _, path = row["case"].partition("/")
+        if path in keep:
+            out.append(dict(row, case=f"{op}/{keep[path]}"))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
@@ -113,6 +143,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0, help="CPU worker threads (0: qhead's default)")
     ap.add_argument("--json", default=None, help="write the JSON rows here instead of stdout")
+    ap.add_argument("--no-python-ops", action="store_true",
+                    help="with the C++ kernels, do not also time the Python kernels (a second run)")
     a = ap.parse_args()
 
     cuda = a.device == "cuda"
@@ -214,6 +246,9 @@ def main() -> int:
         us, lo = host_us(fn, iters, a.reps, sync)
         results.append(dict(meta, case=f"piece/{name}", host_us=round(us, 3), host_us_min=round(lo, 3),
                             overhead_us=None, overhead_us_min=None))
+
+    if qt.OPS == "cpp" and not a.no_python_ops:
+        results += python_kernel_rows(a)
 
     text = "\n".join(json.dumps(r) for r in results) + "\n"
     if a.json:

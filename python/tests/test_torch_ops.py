@@ -297,6 +297,35 @@ def test_cpp_registration_runs():
     assert out.shape == (5, 37) and out.dtype == torch.float32 and out.device.type == "meta"
 
 
+def test_ops_from_several_threads():
+    # The ops (the C++ kernels' cache and allocation included) called from threads at once give
+    # what they give alone.
+    import threading
+    tables = [table("w4g32", 37, 64), table("w8", 50, 32, seed=3)]
+    xs = [random_x((3, 64), 1), random_x((2, 32), 2)]
+    want = [call("logits", t, x) for t, x in zip(tables, xs)]
+    errors = []
+
+    def work(i):
+        try:
+            for j in range(30):
+                k = (i + j) % 2
+                if j % 3 == 0:
+                    qt.clear_table_cache()
+                got = call("logits", tables[k], xs[k])
+                if not torch.equal(got, want[k]):
+                    errors.append((i, j))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+
+
 # ---- CUDA -------------------------------------------------------------------------------------------
 
 @needs_cuda
