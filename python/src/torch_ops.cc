@@ -208,11 +208,10 @@ const Table* lookup(std::string_view scheme, int64_t vocab, int64_t hidden,
   return nullptr;
 }
 
-const char* scale_dtype_check(const at::Tensor& ws, const std::string& op) {
+void check_scale_dtype(const at::Tensor& ws, const std::string& op) {
   const at::ScalarType t = ws.scalar_type();
   if (t != at::kHalf && t != at::kBFloat16 && t != at::kFloat)
     bad(op, std::string("weight_scale must be float16, bfloat16 or float32, got ") + c10::toString(t));
-  return nullptr;
 }
 
 // The Table over the compressed-tensors tensors (zero copy), built once and
@@ -231,7 +230,7 @@ Table packed_table(const std::string& op, const at::Tensor& wp, const at::Tensor
     if (tensors[i].has_value() && tensors[i]->defined() && tensors[i]->device() != wp.device())
       bad(op, std::string(names[i]) + " is on " + tensors[i]->device().str() + " but weight_packed is on " +
                   wp.device().str() + ": a table's tensors share one device");
-  scale_dtype_check(ws, op);
+  check_scale_dtype(ws, op);
   const TorchApi& a = api();
   PackedTable p;
   p.scheme = a.parse_scheme(std::string(scheme), qdtype(ws.scalar_type(), op, "weight_scale"));
