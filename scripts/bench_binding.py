@@ -6,11 +6,17 @@ For each op it times many back-to-back calls without synchronizing and divides
 the kernels run behind it, on CPU the op's own work is included):
 
   raw     qhead._C.<op> with preallocated outputs and a prebuilt Table
-  op      torch.ops.qhead.<op>.default, arguments positional (torch.library.define + impl:
-          the dispatcher calls the Python kernel)
+  op      torch.ops.qhead.<op>.default, arguments positional: the C++ kernels of
+          qhead/_torch_ops when the package has them (qhead.torch.OPS == "cpp"), else the
+          Python kernels (torch.library.define + impl); QHEAD_TORCH_OPS=python forces those
   op-kwargs  the same through the overload packet with scheme/vocab/hidden by name
-  custom  the same kernel registered through torch.library.custom_op (for comparison)
+  custom  the Python kernel registered through torch.library.custom_op (for comparison)
   module  QuantLMHead.forward / .topk, QuantEmbedding.forward (eager: they call _C directly)
+  module-op  the same modules made to take their torch.ops path (as under torch.compile)
+
+With the C++ kernels (qhead.torch.OPS == "cpp") the script also runs itself once with
+QHEAD_TORCH_OPS=python and adds those rows as py-op, py-op-kwargs and py-module-op (their
+overheads over that run's raw; --no-python-ops skips it).
 
 and prints the overhead of each over `raw`. One JSON row per case (commit,
 device, command, date) goes to stdout or --json FILE, then a table.
@@ -100,6 +106,32 @@ def register_custom_ops():
     return logits, embed
 
 
+def python_kernel_rows(a) -> list:
+    """The op rows of this benchmark run again with the Python kernels (QHEAD_TORCH_OPS=python)."""
+    import tempfile
+    argv = [x for x in sys.argv[1:]]
+    if "--json" in argv:
+        i = argv.index("--json")
+        del argv[i:i + 2]
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "rows.json")
+        env = dict(os.environ, QHEAD_TORCH_OPS="python")
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, "--no-python-ops", "--json", path],
+                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            print(f"bench_binding: the run with the Python kernels failed:\n{r.stderr}", file=sys.stderr)
+            return []
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    keep = {"op": "py-op", "op-kwargs": "py-op-kwargs", "module-op": "py-module-op"}
+    out = []
+    for row in rows:
+        op, _, path = row["case"].partition("/")
+        if path in keep:
+            out.append(dict(row, case=f"{op}/{keep[path]}"))
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
@@ -111,6 +143,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=0, help="CPU worker threads (0: qhead's default)")
     ap.add_argument("--json", default=None, help="write the JSON rows here instead of stdout")
+    ap.add_argument("--no-python-ops", action="store_true",
+                    help="with the C++ kernels, do not also time the Python kernels (a second run)")
     a = ap.parse_args()
 
     cuda = a.device == "cuda"
@@ -141,6 +175,17 @@ def main() -> int:
     stream = qt._stream(out)
     head, emb = qt.QuantLMHead(t), qt.QuantEmbedding(t, dtype=act)
     c_logits, c_embed = register_custom_ops()
+
+    def op_path(fn):
+        """fn with the modules' eager fast path off (they call torch.ops.qhead.*)."""
+        def run():
+            eager = qt._eager
+            qt._eager = lambda *_: False
+            try:
+                return fn()
+            finally:
+                qt._eager = eager
+        return run
     ops = torch.ops.qhead
 
     cases = {
@@ -150,11 +195,13 @@ def main() -> int:
             "op-kwargs": lambda: ops.logits(*tensors, x, **kw),
             "custom": lambda: c_logits(*tensors, x, *pos),
             "module": lambda: head(x),
+            "module-op": op_path(lambda: head(x)),
         },
         "topk": {
             "raw": lambda: _C.topk(table, x, a.k, values, vids, lse, stream=stream),
             "op": lambda: ops.topk.default(*tensors, x, a.k, *pos),
             "module": lambda: head.topk(x, a.k),
+            "module-op": op_path(lambda: head.topk(x, a.k)),
         },
         "embed": {
             "raw": lambda: _C.embed(table, ids, rows, stream=stream),
@@ -162,6 +209,7 @@ def main() -> int:
             "op-kwargs": lambda: ops.embed(*tensors, ids, **kw, out_dtype=act),
             "custom": lambda: c_embed(*tensors, ids, *pos, act),
             "module": lambda: emb(ids),
+            "module-op": op_path(lambda: emb(ids)),
         },
     }
     # the pieces the op path adds, alone
@@ -183,6 +231,7 @@ def main() -> int:
         "scheme": a.scheme,
         "activations": str(act).replace("torch.", ""),
         "threads": qhead.num_threads(),
+        "ops": qt.OPS,
     }
     results = []
     for op, paths in cases.items():
@@ -198,13 +247,17 @@ def main() -> int:
         results.append(dict(meta, case=f"piece/{name}", host_us=round(us, 3), host_us_min=round(lo, 3),
                             overhead_us=None, overhead_us_min=None))
 
+    if qt.OPS == "cpp" and not a.no_python_ops:
+        results += python_kernel_rows(a)
+
     text = "\n".join(json.dumps(r) for r in results) + "\n"
     if a.json:
         with open(a.json, "w") as f:
             f.write(text)
     else:
         sys.stdout.write(text)
-    print(f"\n{meta['device']}  V={V} H={H} M=1 {a.scheme} x={meta['activations']}  commit {meta['commit'][:10]}"
+    print(f"\n{meta['device']}  V={V} H={H} M=1 {a.scheme} x={meta['activations']}  ops={qt.OPS}"
+          f"  commit {meta['commit'][:10]}"
           f"  (host µs per call over {a.reps} samples of {iters} calls)", file=sys.stderr)
     print(f"{'case':34s} {'median':>9s} {'over raw':>9s} {'min':>9s} {'over raw':>9s}", file=sys.stderr)
     for r in results:

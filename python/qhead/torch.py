@@ -128,8 +128,27 @@ def _remember(slot: int, key: tuple, table: Any, owner: Tensor) -> None:
 
 
 def clear_table_cache() -> None:
-    """Drops every cached qhead.Table (their storage is then released with the tensors)."""
+    """Drops every cached qhead.Table (their storage is then released with the tensors), the C++
+    ops' cache included."""
     _cache.clear()
+    if OPS == "cpp":
+        torch.ops.qhead._table_cache(True)
+
+
+def table_cache_info() -> Tuple[int, int]:
+    """(live entries, tables built so far) of the cache the torch ops use: the C++ kernels' when
+    OPS == "cpp", else this module's (whose build count is not kept: -1)."""
+    if OPS == "cpp":
+        n, builds = torch.ops.qhead._table_cache(False)
+        return int(n), int(builds)
+    return len(_cache), -1
+
+
+def _poison_outputs(on: bool) -> None:
+    """Tests: the C++ kernels fill every output they allocate with NaN / INT_MIN first (the
+    Python kernels allocate through _empty, which tests replace)."""
+    if OPS == "cpp":
+        torch.ops.qhead._poison_outputs(bool(on))
 
 
 def _check_table_tensors(weight_packed, weight_scale, weight_zero_point, col_perm, op: str) -> None:
@@ -203,21 +222,53 @@ def _stream(t: Tensor) -> Optional[int]:
 
 # ---- the ops -----------------------------------------------------------------------------------------
 #
-# Registered through torch.library.Library.define + impl (the dispatcher calls the Python kernel
-# directly; torch.library.custom_op adds a Python layer per call that scripts/bench_binding.py
-# measures). One kernel for CPU and CUDA: the C++ op dispatches on the table's device.
+# Registered in C++ when the package was built with torch importable (qhead/_torch_ops, from
+# python/src/torch_ops.cc: TORCH_LIBRARY kernels for CPU, CUDA and Meta, with their own table
+# cache; the dispatcher calls C++ directly). Otherwise, or with QHEAD_TORCH_OPS=python in the
+# environment, the same schemas are registered here through torch.library.Library.define + impl
+# (the dispatcher calls the Python kernel directly; torch.library.custom_op adds a Python layer
+# per call that scripts/bench_binding.py measures). One kernel for CPU and CUDA: the C++ op
+# dispatches on the table's device. OPS says which registration runs: "cpp" or "python".
 
-_lib = torch.library.Library("qhead", "DEF")
+_OPS_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_torch_ops.so")
+OPS = "python"
+if os.environ.get("QHEAD_TORCH_OPS", "").lower() != "python" and os.path.exists(_OPS_LIBRARY):
+    try:
+        torch.ops.load_library(_OPS_LIBRARY)
+        OPS = "cpp"
+    except OSError as e:  # built against another torch (a symbol it lacks): the Python kernels serve
+        import warnings
+        warnings.warn(f"qhead.torch: cannot load {os.path.basename(_OPS_LIBRARY)} ({e}); registering the ops "
+                      f"from Python (reinstall qhead with --no-build-isolation against this torch for the C++ "
+                      f"kernels)", RuntimeWarning, stacklevel=2)
 
-_TABLE_ARGS = "Tensor weight_packed, Tensor weight_scale, Tensor? weight_zero_point, Tensor? col_perm"
-# scheme, vocab and hidden are positional in the schemas (they may still be passed by name):
-# the dispatcher hands keyword-only arguments to a Python kernel through a dict, which costs
-# several µs per call (scripts/bench_binding.py).
-_TABLE_KW = "str scheme, int vocab, int hidden"
-_lib.define(f"embed({_TABLE_ARGS}, Tensor ids, {_TABLE_KW}, ScalarType out_dtype) -> Tensor")
-_lib.define(f"logits({_TABLE_ARGS}, Tensor x, {_TABLE_KW}) -> Tensor")
-_lib.define(f"topk({_TABLE_ARGS}, Tensor x, int k, {_TABLE_KW}) -> (Tensor, Tensor, Tensor)")
-_lib.define("rescore(Tensor dense, Tensor x, Tensor candidates) -> (Tensor, Tensor)")
+# qhead::Error code (ErrorCode's order) → the Python class _C raises for it.
+_ERROR_CLASSES = (qhead.InvalidArgumentError, qhead.InvalidFileError, qhead.IoError, qhead.UnsupportedError,
+                  qhead.InternalError)
+
+
+def _raise_impl(code: int, message: str) -> None:
+    """The C++ kernels' errors: raises the qhead.Error subclass of a qhead::ErrorCode."""
+    cls = _ERROR_CLASSES[code] if 0 <= code < len(_ERROR_CLASSES) else qhead.InternalError
+    raise cls(message)
+
+
+if OPS == "cpp":
+    _lib = torch.library.Library("qhead", "IMPL")
+    _lib.impl("_raise", _raise_impl, "CPU")
+    torch.ops.qhead._bind(_C._torch_api())  # the C++ kernels run the ops through _C (torch_api.h)
+else:
+    _lib = torch.library.Library("qhead", "DEF")
+
+    _TABLE_ARGS = "Tensor weight_packed, Tensor weight_scale, Tensor? weight_zero_point, Tensor? col_perm"
+    # scheme, vocab and hidden are positional in the schemas (they may still be passed by name):
+    # the dispatcher hands keyword-only arguments to a Python kernel through a dict, which costs
+    # several µs per call (scripts/bench_binding.py).
+    _TABLE_KW = "str scheme, int vocab, int hidden"
+    _lib.define(f"embed({_TABLE_ARGS}, Tensor ids, {_TABLE_KW}, ScalarType out_dtype) -> Tensor")
+    _lib.define(f"logits({_TABLE_ARGS}, Tensor x, {_TABLE_KW}) -> Tensor")
+    _lib.define(f"topk({_TABLE_ARGS}, Tensor x, int k, {_TABLE_KW}) -> (Tensor, Tensor, Tensor)")
+    _lib.define("rescore(Tensor dense, Tensor x, Tensor candidates) -> (Tensor, Tensor)")
 
 
 def _embed_impl(weight_packed, weight_scale, weight_zero_point, col_perm, ids, scheme, vocab, hidden, out_dtype):
@@ -266,40 +317,46 @@ def _rescore_impl(dense, x, candidates):
     return values, ids
 
 
-for _name, _fn in (("embed", _embed_impl), ("logits", _logits_impl), ("topk", _topk_impl),
-                   ("rescore", _rescore_impl)):
-    _lib.impl(_name, _fn, "CPU")
-    _lib.impl(_name, _fn, "CUDA")
+if OPS == "python":
+    for _name, _fn in (("embed", _embed_impl), ("logits", _logits_impl), ("topk", _topk_impl),
+                       ("rescore", _rescore_impl)):
+        _lib.impl(_name, _fn, "CPU")
+        _lib.impl(_name, _fn, "CUDA")
 
 
-# Fake kernels: output shapes and dtypes only (torch.compile, FakeTensorMode, meta tensors).
+def _register_fakes() -> None:
+    # Fake kernels: output shapes and dtypes only (torch.compile, FakeTensorMode, meta tensors).
 
-@torch.library.register_fake("qhead::embed", lib=_lib)
-def _embed_fake(weight_packed, weight_scale, weight_zero_point, col_perm, ids, scheme, vocab, hidden, out_dtype):
-    torch._check(ids.dim() == 1, lambda: f"qhead::embed: ids must be 1-D [N], got {ids.dim()}-D")
-    return weight_packed.new_empty((ids.shape[0], hidden), dtype=out_dtype)
-
-
-@torch.library.register_fake("qhead::logits", lib=_lib)
-def _logits_fake(weight_packed, weight_scale, weight_zero_point, col_perm, x, scheme, vocab, hidden):
-    torch._check(x.dim() == 2, lambda: f"qhead::logits: x must be 2-D [M, H], got {x.dim()}-D")
-    return weight_packed.new_empty((x.shape[0], vocab), dtype=torch.float32)
+    @torch.library.register_fake("qhead::embed", lib=_lib)
+    def _embed_fake(weight_packed, weight_scale, weight_zero_point, col_perm, ids, scheme, vocab, hidden, out_dtype):
+        torch._check(ids.dim() == 1, lambda: f"qhead::embed: ids must be 1-D [N], got {ids.dim()}-D")
+        return weight_packed.new_empty((ids.shape[0], hidden), dtype=out_dtype)
 
 
-@torch.library.register_fake("qhead::topk", lib=_lib)
-def _topk_fake(weight_packed, weight_scale, weight_zero_point, col_perm, x, k, scheme, vocab, hidden):
-    torch._check(x.dim() == 2, lambda: f"qhead::topk: x must be 2-D [M, H], got {x.dim()}-D")
-    m = x.shape[0]
-    return (weight_packed.new_empty((m, k), dtype=torch.float32),
-            weight_packed.new_empty((m, k), dtype=torch.int32),
-            weight_packed.new_empty((m,), dtype=torch.float32))
+    @torch.library.register_fake("qhead::logits", lib=_lib)
+    def _logits_fake(weight_packed, weight_scale, weight_zero_point, col_perm, x, scheme, vocab, hidden):
+        torch._check(x.dim() == 2, lambda: f"qhead::logits: x must be 2-D [M, H], got {x.dim()}-D")
+        return weight_packed.new_empty((x.shape[0], vocab), dtype=torch.float32)
 
 
-@torch.library.register_fake("qhead::rescore", lib=_lib)
-def _rescore_fake(dense, x, candidates):
-    torch._check(candidates.dim() == 2, lambda: f"qhead::rescore: candidates must be 2-D [M, k]")
-    return (dense.new_empty(candidates.shape, dtype=torch.float32),
-            dense.new_empty(candidates.shape, dtype=torch.int32))
+    @torch.library.register_fake("qhead::topk", lib=_lib)
+    def _topk_fake(weight_packed, weight_scale, weight_zero_point, col_perm, x, k, scheme, vocab, hidden):
+        torch._check(x.dim() == 2, lambda: f"qhead::topk: x must be 2-D [M, H], got {x.dim()}-D")
+        m = x.shape[0]
+        return (weight_packed.new_empty((m, k), dtype=torch.float32),
+                weight_packed.new_empty((m, k), dtype=torch.int32),
+                weight_packed.new_empty((m,), dtype=torch.float32))
+
+
+    @torch.library.register_fake("qhead::rescore", lib=_lib)
+    def _rescore_fake(dense, x, candidates):
+        torch._check(candidates.dim() == 2, lambda: f"qhead::rescore: candidates must be 2-D [M, k]")
+        return (dense.new_empty(candidates.shape, dtype=torch.float32),
+                dense.new_empty(candidates.shape, dtype=torch.int32))
+
+
+if OPS == "python":
+    _register_fakes()
 
 
 # ---- modules -----------------------------------------------------------------------------------------

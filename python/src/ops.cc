@@ -21,6 +21,7 @@
 #include "binding.h"
 #include "qhead/cuda.h"
 #include "qhead/ops.h"
+#include "torch_api.h"
 
 namespace qhead::py {
 
@@ -59,7 +60,47 @@ void run(const Table& t, const std::optional<uintptr_t>& stream, const ArrayArg&
   cuda::set_stream(prev);
 }
 
+// The torch ops' entry points (torch_api.h): called from a torch kernel, which
+// holds no GIL; the same stream handling and lock as run().
+template <class F>
+void run_torch(const Table& t, void* s, F&& f) {
+  if (t.device() != Device::kCUDA) {
+    f();
+    return;
+  }
+  const std::lock_guard<std::mutex> lock(stream_mutex());
+  void* prev = cuda::stream();
+  cuda::set_stream(s);
+  try {
+    f();
+  } catch (...) {
+    cuda::set_stream(prev);
+    throw;
+  }
+  cuda::set_stream(prev);
+}
+
+const TorchApi g_torch_api = {
+    kTorchApiVersion,
+    sizeof(TorchApi),
+    [](PackedTable p, const std::string& where) { return Table::packed(std::move(p), where); },
+    [](Tensor w) { return Table::dense(std::move(w)); },
+    [](const std::string& name, DType sd) { return QuantScheme::parse(name, sd); },
+    [](const Table& t, const TensorView& ids, const TensorView& out, void* s) {
+      run_torch(t, s, [&] { embed(t, ids, out); });
+    },
+    [](const Table& t, const TensorView& x, const TensorView& out, void* s) {
+      run_torch(t, s, [&] { logits(t, x, out); });
+    },
+    [](const Table& t, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
+       const TensorView& lse, void* s) { run_torch(t, s, [&] { topk(t, x, k, values, ids, lse); }); },
+    [](const Table& d, const TensorView& x, const TensorView& c, const TensorView& values, const TensorView& ids,
+       void* s) { run_torch(d, s, [&] { rescore(d, x, c, values, ids); }); },
+};
+
 }  // namespace
+
+const TorchApi& torch_api() { return g_torch_api; }
 
 void register_ops(nb::module_& m) {
   m.def(
@@ -137,6 +178,9 @@ void register_ops(nb::module_& m) {
       "  values      f32 [M, k], written\n"
       "  ids         int32 [M, k], written\n"
       "All arrays on the table's device, contiguous. stream: a cudaStream_t for CUDA tables (default: torch's current stream for torch tensors, else qhead's).");
+
+  m.def("_torch_api", [] { return reinterpret_cast<uintptr_t>(&torch_api()); },
+        "Address of the function table the torch ops library (qhead/_torch_ops) calls (internal).");
 
   m.def("set_num_threads", &set_num_threads, nb::arg("n"),
         "Worker threads of the CPU ops (the caller included); n <= 0: the default (hardware threads, or "

@@ -25,6 +25,9 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA bu
 @pytest.fixture(autouse=True)
 def poisoned(monkeypatch):
     monkeypatch.setattr(qt, "_empty", poison_empty)
+    qt._poison_outputs(True)  # the C++ kernels' outputs too
+    yield
+    qt._poison_outputs(False)
 
 
 def make(v=61, h=64, scheme="w4g32", seed=1, dtype=torch.float32):
@@ -443,8 +446,10 @@ def test_compile_tiny_llama_fullgraph(monkeypatch):
         builds = []
         remember = qt._remember
         monkeypatch.setattr(qt, "_remember", lambda *a: (builds.append(a[0]), remember(*a))[1])
+        cpp_builds = qt.table_cache_info()[1]
         again = compiled(input_ids=ids).logits
     assert builds == []  # the compiled graph's calls find the cached table
+    assert qt.table_cache_info()[1] == cpp_builds  # (the C++ kernels' cache too)
     assert torch.equal(again, got)
     assert backend.frame_count == 1
     code = backend.graphs[0].code

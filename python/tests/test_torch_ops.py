@@ -21,8 +21,12 @@ ACT = [torch.float32, torch.float16, torch.bfloat16]
 
 @pytest.fixture(autouse=True)
 def poisoned(monkeypatch):
-    """Every output the ops allocate starts as NaN / INT_MIN."""
+    """Every output the ops allocate starts as NaN / INT_MIN (the Python kernels allocate through
+    qt._empty, the C++ kernels poison when asked)."""
     monkeypatch.setattr(qt, "_empty", poison_empty)
+    qt._poison_outputs(True)
+    yield
+    qt._poison_outputs(False)
 
 
 _tables = {}
@@ -255,10 +259,71 @@ def test_cache_drops_collected_tensors():
     qt.clear_table_cache()
     t = qt.QuantTable.from_dense(random_weight(37, 64, 10), "w4g32")
     call("logits", t, random_x((1, 64), 3))
-    assert len(qt._cache) == 1
+    assert qt.table_cache_info()[0] == 1
     del t
     gc.collect()
-    assert len(qt._cache) == 0
+    assert qt.table_cache_info()[0] == 0
+
+
+@pytest.mark.skipif(qt.OPS != "cpp", reason="qhead was built without torch: the ops are registered from Python")
+def test_cpp_registration_runs():
+    # The kernels of qhead/_torch_ops (TORCH_LIBRARY in torch_ops.cc), not a Python kernel.
+    for op in ("embed", "logits", "topk", "rescore"):
+        dump = torch._C._dispatch_dump(f"qhead::{op}")
+        for key in ("CPU", "CUDA", "Meta"):
+            line = next(l for l in dump.splitlines() if l.startswith(key + ":"))
+            assert "torch_ops.cc" in line, line
+    t = qt.QuantTable.from_dense(random_weight(37, 64, 11), "w4g32")
+    x = random_x((2, 64), 3)
+    qt.clear_table_cache()
+    n0, b0 = qt.table_cache_info()
+    first = call("logits", t, x)
+    assert qt.table_cache_info() == (n0 + 1, b0 + 1)  # built once in C++ ...
+    assert torch.equal(call("logits", t, x), first)
+    v, i, _ = call("topk", t, x, 3)
+    assert qt.table_cache_info() == (n0 + 1, b0 + 1)  # ... then found by every op
+    assert torch.equal(v, torch.topk(first, 3).values)
+    with torch.no_grad():
+        t.weight_scale.mul_(2)  # in place: rebuilt
+    assert torch.allclose(call("logits", t, x), 2 * first, rtol=1e-6, atol=1e-6)
+    assert qt.table_cache_info()[1] == b0 + 2
+    # A C++ kernel's qhead::Error is the qhead.Error subclass of its code, with its message.
+    with pytest.raises(qhead.InvalidArgumentError, match=r"^qhead::logits: x must be 2-D"):
+        call("logits", t, torch.zeros((64,)))
+    # Meta tensors: shapes and dtypes only.
+    meta = [b.to("meta") for b in t.op_args()[0] if b is not None]
+    out = torch.ops.qhead.logits(meta[0], meta[1], None, None, torch.empty((5, 64), device="meta"),
+                                 scheme="w4g32", vocab=37, hidden=64)
+    assert out.shape == (5, 37) and out.dtype == torch.float32 and out.device.type == "meta"
+
+
+def test_ops_from_several_threads():
+    # The ops (the C++ kernels' cache and allocation included) called from threads at once give
+    # what they give alone.
+    import threading
+    tables = [table("w4g32", 37, 64), table("w8", 50, 32, seed=3)]
+    xs = [random_x((3, 64), 1), random_x((2, 32), 2)]
+    want = [call("logits", t, x) for t, x in zip(tables, xs)]
+    errors = []
+
+    def work(i):
+        try:
+            for j in range(30):
+                k = (i + j) % 2
+                if j % 3 == 0:
+                    qt.clear_table_cache()
+                got = call("logits", tables[k], xs[k])
+                if not torch.equal(got, want[k]):
+                    errors.append((i, j))
+        except Exception as e:  # noqa: BLE001 (reported below)
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
 
 
 # ---- CUDA -------------------------------------------------------------------------------------------
