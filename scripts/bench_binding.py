@@ -132,6 +132,17 @@ def python_kernel_rows(a) -> list:
     return out
 
 
+def _command() -> str:
+    """The command as typed from the repository root, with no machine paths (the --json file by
+    its name; the Python-kernel run's environment variable in front)."""
+    args = list(sys.argv[1:])
+    if "--json" in args and args.index("--json") + 1 < len(args):
+        i = args.index("--json") + 1
+        args[i] = os.path.basename(args[i])
+    env = "QHEAD_TORCH_OPS=python " if os.environ.get("QHEAD_TORCH_OPS") == "python" else ""
+    return env + " ".join(shlex.quote(a) for a in ["python3", "scripts/bench_binding.py", *args])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
@@ -224,7 +235,7 @@ def main() -> int:
     meta = {
         "commit": commit(),
         "device": device_name,
-        "command": " ".join(shlex.quote(s) for s in [sys.executable, *sys.argv]),
+        "command": _command(),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "torch": torch.__version__,
         "shape": {"V": V, "H": H, "M": 1, "k": a.k},

@@ -708,9 +708,9 @@ def test_cuda_ops_match_the_oracle(scheme):
         assert e.is_cuda and e.dtype == dt
         assert torch.equal(e.cpu(), torch.from_numpy(host.dequantize()[[0, 50256, 7]]).to(dt))
     x = torch.ones(1, 64, dtype=torch.float16)
-    with pytest.raises(qhead.InvalidArgumentError, match="logits: x is on CPU but the table is on CUDA"):
+    with pytest.raises(qhead.InvalidArgumentError, match="logits: x is on cpu but the table is on cuda"):
         qhead.logits(dev, x, torch.empty(1, 50257, device="cuda"))
-    with pytest.raises(qhead.InvalidArgumentError, match="logits: x is on CUDA but the table is on CPU"):
+    with pytest.raises(qhead.InvalidArgumentError, match="logits: x is on cuda but the table is on cpu"):
         qhead.logits(host, x.cuda(), torch.empty(1, 50257))
     with pytest.raises(qhead.InvalidArgumentError, match="Table.dequantize"):
         dev.dequantize()
