@@ -17,8 +17,8 @@ qhead.hf.quantize_model (a tied table: one packed copy serves embedding and head
               every step recomputed from the f32 rows kept in CPU memory)
     w4g64     head "w4g64" (int4, group 64), no rescoring
     w4g64+r8  head "w4g64" with rescore=8
-    w8+r8/dense-emb  (not by default) w8+r8 with the dense embedding module put back, to
-              tell the head's share of a difference from the embedding's
+    w8+r8/dense-emb  (not by default) w8+r8 with the model's own dense embedding module put
+              back (the rescoring variants' tied embedding already reads the f32 rows)
 
 For each prompt (PROMPTS, raw text, batched with left padding) it compares the NEW tokens
 of greedy decoding (max_new_tokens, no early stop) with the dense model's: a prompt agrees
@@ -29,21 +29,20 @@ file, so its table is first copied into process memory, where a model loaded fro
 holds it).
 Prints a table; --json writes every number.
 
-Result (2026-12-02, `--threads 1`, 10 prompts x 32 new tokens, CPU, torch 2.11.0,
+Result (2026-12-02, `--threads 2`, 10 prompts x 32 new tokens, CPU, torch 2.11.0,
 transformers 5.17.0; prompts agreeing with the dense model, first differing new token):
 
     model    variant   agree  first diff per prompt   table MiB (dense 108 / 640)  anon RSS MiB
-    SmolLM2  w8+r8     9/10   - - 5 - - - - - - -     135.2 (packed + f32 rows)    556 -> 583
-    SmolLM2  w4g64     0/10   3 0 3 8 7 0 4 5 3 3      15.2                        582 -> 474
-    SmolLM2  w4g64+r8  3/10   - 0 3 3 0 - 31 17 9 -   123.2                        601 -> 601
-    Gemma-3  w8+r8     5/10   11 - 3 9 - - - 20 12 -  801.0                       1471 -> 1631
-    Gemma-3  w4g64     1/10   0 - 4 2 7 2 0 0 1 1      90.0                       1552 -> 992
-    Gemma-3  w4g64+r8  1/10   0 - 10 2 7 2 0 10 9 0   730.0                       1551 -> 1631
+    SmolLM2  w8+r8     10/10  - - - - - - - - - -     135.2 (packed + f32 rows)    559 -> 586
+    SmolLM2  w4g64     0/10   3 0 3 8 7 0 4 5 3 3      15.2                        576 -> 477
+    SmolLM2  w4g64+r8  10/10  - - - - - - - - - -     123.2                        604 -> 604
+    Gemma-3  w8+r8     10/10  - - - - - - - - - -     801.0                       1476 -> 1636
+    Gemma-3  w4g64     1/10   0 - 4 2 7 2 0 0 1 1      90.0                       1568 -> 1008
+    Gemma-3  w4g64+r8  10/10  - - - - - - - - - -     730.0                       1568 -> 1648
 
-Rescoring makes the head's top candidates exact, but a tied table also quantizes the
-embedding, and that moves the hidden states: the w8+r8 head with the dense embedding put
-back (variant w8+r8/dense-emb) agrees on 10/10 prompts for both models (Gemma-3: 5/10 with
-the quantized embedding, whose rows it scales by sqrt(640)).
+With rescoring, a tied model's embedding reads the f32 rows the head keeps for rescoring
+(exact), and the head's top 8 candidates of every step are rescored from them: the dense
+model's greedy tokens on every prompt. Without rescoring both roles read the packed table.
 """
 import argparse
 import gc
