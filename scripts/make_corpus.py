@@ -25,7 +25,6 @@ import gzip
 import hashlib
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -37,8 +36,6 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS_DIR = ROOT / "python" / "qhead" / "corpus"
 DOMAINS = ("prose", "dialogue", "code", "technical", "legal", "non-english")
-# Files in CORPUS_DIR that are not parts.
-NON_PART_FILES = ("__init__.py", "README.md", "manifest.json", "prompts.json")
 
 # ---------------------------------------------------------------------------------------------
 # Packages, exactly versioned.
@@ -520,6 +517,8 @@ def pypi_source(project: str, path: str) -> str:
 
 
 def brotli_mit(p: Packages) -> tuple[str, str]:
+    """(copyright line, licence text) of the Brotli sdist, checked to be MIT."""
+    require((p.sdist("brotli") / "PKG-INFO").read_text(), "\nLicense: MIT\n", "brotli PKG-INFO")
     lic = (p.sdist("brotli") / "LICENSE").read_text()
     require(lic, "Permission is hereby granted, free of charge, to any person obtaining a copy",
             "brotli LICENSE")
@@ -563,6 +562,8 @@ def brotli_code(path: str, cut: Callable[[str], str] | None, excerpt: str):
 def chat(lang: str, files: list[str], first: int | None, excerpt: str):
     def build(p: Packages) -> tuple[str, dict]:
         root = p.sdist("chatterbot-corpus")
+        require((root / "PKG-INFO").read_text(), "License :: OSI Approved :: BSD License",
+                "chatterbot-corpus PKG-INFO")
         lic = (root / "license.md").read_text()
         require(lic, "Copyright (c) 2017, Gunther Cox", "chatterbot-corpus license.md")
         require(lic, "Neither the name of chatterbot nor the names of its contributors",
@@ -628,6 +629,8 @@ def man_page(pkg: str, lang: str, page: str, start: str, stop: str | None, excer
     def build(p: Packages) -> tuple[str, dict]:
         en_path = f"usr/share/man/{page}.gz"
         en_src = read_text(p.deb("manpages") / en_path)
+        mcr = "usr/share/doc/manpages/copyright"
+        require(read_text(p.deb("manpages") / mcr), "Upstream-Name: man-pages", mcr)
         spdx, cr = man_header_licence(en_src, en_path)
         notice = licence_notice(spdx, en_path)
         if pkg == "manpages":
@@ -691,7 +694,13 @@ PARTS = [
     Spec("bro-py", "code", "en", brotli_code(
         "python/bro.py", None, "whole file")),
     Spec("huffman-c", "code", "en", brotli_code(
-        "c/dec/huffman.c", None, "whole file")),
+        "c/dec/huffman.c",
+        lambda t: between(t, "/* Returns reverse(num >> BROTLI_REVERSE_BITS_BASE, "
+                             "BROTLI_REVERSE_BITS_MAX),",
+                          "#if defined(__cplusplus) || defined(c_plusplus)", "c/dec/huffman.c"),
+        "every function, from the comment of BrotliReverseBits up to the closing extern \"C\" "
+        "guard (excluded); the licence header, includes and the 256-entry bit-reversal table "
+        "are left out")),
     Spec("pipe-7", "technical", "en", man_page(
         "manpages", "en", "man7/pipe.7", "NAME", "SEE ALSO",
         "pipe(7) rendered to plain text, NAME up to SEE ALSO (excluded)")),
