@@ -132,3 +132,17 @@ def test_prompts():
     raw = json.loads(corpus_dir().joinpath("prompts.json").read_bytes())
     assert all(set(p) == {"id", "domain", "text", "validation"} for p in raw)
     assert corpus.manifest()["prompts"]["count"] == len(ps)
+
+
+def test_loader_imports_only_the_standard_library():
+    import ast
+
+    src = corpus_dir().joinpath("__init__.py").read_text(encoding="utf-8")
+    imported = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, "no relative imports"
+            imported.add(node.module.split(".")[0])
+    assert imported <= {"__future__", "dataclasses", "hashlib", "importlib", "json", "typing"}
