@@ -146,13 +146,17 @@ def _head_input_recorder(model) -> Tuple[List[Tensor], Any]:
 
 @torch.no_grad()
 def _teacher_forced(model, enc, texts: Sequence[Tuple[str, str]], window: int, part_base: int, source: int,
-                    log: Callable[[str], None]) -> Tuple[List[Tensor], List[Tensor], List[Tensor], List[Tensor]]:
-    """Hidden states (after the last norm) at every position of every text, with targets."""
+                    log: Callable[[str], None], max_tokens: Optional[int] = None
+                    ) -> Tuple[List[Tensor], List[Tensor], List[Tensor], List[Tensor]]:
+    """Hidden states (after the last norm) at every position of every text (its first
+    ``max_tokens`` tokens when given), with targets."""
     base = model.base_model
     prefix = enc.encode("", bos=True)
     hs, ts, ss, ps = [], [], [], []
     for j, (name, text) in enumerate(texts):
         stream = enc.encode(text, bos=False)
+        if max_tokens is not None:
+            stream = stream[: max_tokens + (0 if prefix else 1)]
         n = 0
         for inp, tgt in _windows(stream, prefix, window):
             ids = torch.tensor([inp])
@@ -195,9 +199,25 @@ def _generated(model, enc, prompts: Sequence[str], new_tokens: int, sample: bool
     return torch.cat(hs), torch.cat(ts), torch.cat(ps)
 
 
+def _budget(max_states: Optional[int], n_parts: int, n_prompts: int, new_tokens: int,
+            generation: bool) -> Tuple[Optional[int], int]:
+    """(tokens per corpus part, prompts) for a capture of about ``max_states`` states: three quarters
+    teacher-forced, spread over the parts, one quarter generated (greedy and sampled). None: all."""
+    if max_states is None:
+        return None, n_prompts if generation else 0
+    gen = 0
+    if generation and n_prompts:
+        gen = min(n_prompts, max(1, math.ceil(max_states / 4 / (2 * new_tokens))))
+    tf = max_states - gen * 2 * new_tokens
+    return max(1, math.ceil(max(tf, 1) / max(n_parts, 1))), gen
+
+
 def capture(spec: str, *, texts: Sequence[str] = (), window: int = 512, new_tokens: int = 64,
-            generation: bool = True, log: Callable[[str], None] = _log) -> States:
-    """Loads the model ``spec`` (qhead.models) and captures its decode states (see the module doc)."""
+            generation: bool = True, max_states: Optional[int] = None,
+            log: Callable[[str], None] = _log) -> States:
+    """Loads the model ``spec`` (qhead.models) and captures its decode states (see the module doc).
+    ``max_states``: capture about that many (the start of each corpus part and text, and the first
+    prompts, spread as :func:`_budget` says) instead of all."""
     from qhead import corpus
 
     ref = qmodels.resolve(spec)
@@ -206,6 +226,9 @@ def capture(spec: str, *, texts: Sequence[str] = (), window: int = 512, new_toke
     t_load = time.time() - t0
     parts = corpus.parts()
     prompts = corpus.prompts()
+    per_part, n_prompts = _budget(max_states, len(parts) + len(texts), len(prompts), new_tokens, generation)
+    if n_prompts < len(prompts):  # a spread of the prompts, every domain kept where the count allows
+        prompts = [prompts[int(i)] for i in _spread(len(prompts), n_prompts)] if n_prompts else []
     user = []
     for path in texts:
         with open(path, encoding="utf-8") as f:
@@ -215,14 +238,16 @@ def capture(spec: str, *, texts: Sequence[str] = (), window: int = 512, new_toke
     log(f"{ref.name}: capturing teacher-forced states over {len(parts)} corpus parts"
         + (f" and {len(user)} text files" if user else ""))
     t1 = time.time()
-    hs, ts, ss, ps = _teacher_forced(model, enc, [(p.name, p.text) for p in parts], window, 0, 0, log)
+    hs, ts, ss, ps = _teacher_forced(model, enc, [(p.name, p.text) for p in parts], window, 0, 0, log,
+                                     max_tokens=per_part)
     if user:
-        h2, t2, s2, p2 = _teacher_forced(model, enc, user, window, len(parts), SOURCES.index("text"), log)
+        h2, t2, s2, p2 = _teacher_forced(model, enc, user, window, len(parts), SOURCES.index("text"), log,
+                                         max_tokens=per_part)
         hs, ts, ss, ps = hs + h2, ts + t2, ss + s2, ps + p2
     t_tf = time.time() - t1
     n_tf = sum(len(t) for t in ts)
     t_gen = 0.0
-    if generation and prompts:
+    if generation and prompts and n_prompts:
         t2 = time.time()
         base = len(meta_parts)
         for sample in (False, True):
@@ -244,6 +269,7 @@ def capture(spec: str, *, texts: Sequence[str] = (), window: int = 512, new_toke
         "tied": model.get_output_embeddings().weight is model.get_input_embeddings().weight,
         "corpus_sha256": corpus.corpus_sha256(), "parts": meta_parts,
         "window": window, "new_tokens": new_tokens if generation else 0, "sampling": SAMPLING,
+        "max_states": max_states, "tokens_per_part": per_part,
         "qhead_version": qhead.__version__, "qhead_commit": _git_commit(),
         "torch": torch.__version__, "transformers": _transformers_version(),
         "threads": torch.get_num_threads(), "cpu": _cpu_name(),
@@ -341,13 +367,14 @@ def state_cache() -> str:
     return os.environ.get("QHEAD_STATE_CACHE", os.path.expanduser("~/.cache/qhead/states"))
 
 
-def default_states_path(spec: str, texts: Sequence[str], window: int, new_tokens: int, generation: bool) -> str:
+def default_states_path(spec: str, texts: Sequence[str], window: int, new_tokens: int, generation: bool,
+                        max_states: Optional[int] = None) -> str:
     """The cache file for these capture settings (model file, corpus and user texts by content)."""
     from qhead import corpus
 
     ref = qmodels.resolve(spec)
     key = [qmodels.file_sha256(ref.path) if ref.kind == "gguf" else os.path.realpath(ref.path),
-           corpus.corpus_sha256(), str(window), str(new_tokens if generation else 0)]
+           corpus.corpus_sha256(), str(window), str(new_tokens if generation else 0), str(max_states)]
     for p in texts:
         with open(p, "rb") as f:
             import hashlib
@@ -441,13 +468,14 @@ def compare(hidden: Tensor, table: Tensor, tables: Dict[str, Any], ks: Sequence[
         dense = xd @ w.T
         tgt = targets[s: s + b] if targets is not None else None
         ties.append(_tie_flags(xd, w, dense, out_dtype))
-        if tgt is not None:
-            ld = dense.double()
-            nll_dense.append(torch.logsumexp(ld, dim=1) - ld.gather(1, tgt.long()[:, None])[:, 0])
+        dr = stats.DenseRows.of(dense, tgt)
+        del dense
+        if dr.nll is not None:
+            nll_dense.append(dr.nll)
         exact = _rescore_fn(dense_rows, x)
         for name, tab in tables.items():
             q = qhead.logits(tab, x)
-            per = stats.compare_logits(dense, q, [0, *ks], exact=exact, targets=tgt)
+            per = stats.compare_logits(dr, q, [0, *ks], exact=exact)
             for k, r in per.items():
                 accs[(name, k)].add(agree=r.agree, kl=r.kl, dp_top=r.dp_top, dp_target=r.dp_target, nll=r.nll,
                                     ov5=r.overlap[5], ov10=r.overlap[10])
@@ -498,8 +526,10 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
         schemes: Sequence[str] = tuple(DEFAULT_SCHEMES.split(",")), rescore: Sequence[int] = (1, 2, 4, 8, 16),
         embedding: Sequence[str] = (), quantizer: str = "rtn", rescore_dtype: str = "f32",
         scale_dtype: Optional[str] = None, window: int = 512, new_tokens: int = 64, generation: bool = True,
-        log: Callable[[str], None] = _log) -> Dict[str, Any]:
-    """The whole harness (the CLI's work): returns {"meta": ..., "records": [...], "models": {...}}."""
+        capture_all: bool = False, log: Callable[[str], None] = _log) -> Dict[str, Any]:
+    """The whole harness (the CLI's work): returns {"meta": ..., "records": [...], "models": {...}}.
+    With ``n`` and no states file yet, about n states are captured (not all the corpus) unless
+    ``capture_all``."""
     if quantizer not in QUANTIZERS:
         raise ValueError(f"agree: --quantizer {quantizer!r}: one of {', '.join(QUANTIZERS)}")
     ks = sorted(set(int(k) for k in rescore))
@@ -513,15 +543,17 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
     for s in list(schemes) + [e for e in embedding if e != "same"]:
         qhead.Scheme(s)  # a bad name raises qhead.InvalidArgumentError naming it
     t_start = time.time()
+    capture_max = None if (n is None or capture_all) else n
     records: List[Dict[str, Any]] = []
     model_meta: Dict[str, Any] = {}
     for spec in models:
-        path = states or default_states_path(spec, texts, window, new_tokens, generation)
+        path = states or default_states_path(spec, texts, window, new_tokens, generation, capture_max)
         if os.path.isfile(path):
             st = load_states(path)
             log(f"{st.meta['model']}: {len(st)} states from {path}")
         else:
-            st = capture(spec, texts=texts, window=window, new_tokens=new_tokens, generation=generation, log=log)
+            st = capture(spec, texts=texts, window=window, new_tokens=new_tokens, generation=generation,
+                         max_states=capture_max, log=log)
             save_states(st, path)
             log(f"{st.meta['model']}: states saved to {path}")
         full = st
@@ -592,7 +624,7 @@ def _embedding_records(spec, full: States, st: States, emb_schemes, ks, sd, rdt,
         qh.quantize_model(model, head=s, embedding=None if tied else s, scale_dtype=sd)
         t0 = time.time()
         hs, ts, _, _ = _teacher_forced(model, enc, [(p.name, p.text) for p in parts], full.meta["window"], 0, 0,
-                                       lambda m: None)
+                                       lambda m: None, max_tokens=full.meta.get("tokens_per_part"))
         del model
         h = torch.cat(hs)
         if not torch.equal(torch.cat(ts), targets):
@@ -659,8 +691,8 @@ def plot(result: Dict[str, Any], path: str) -> None:
                     continue
                 xs.append(i + (j - (len(ks) - 1) / 2) * width)
                 ys.append(100 * r["top1_agreement"])
-                lo.append(100 * (r["top1_agreement"] - r["wilson_lo"]))
-                hi.append(100 * (r["wilson_hi"] - r["top1_agreement"]))
+                lo.append(max(0.0, 100 * (r["top1_agreement"] - r["wilson_lo"])))
+                hi.append(max(0.0, 100 * (r["wilson_hi"] - r["top1_agreement"])))
                 fl.append(r["flips_per_1k"])
             label = "no rescoring" if k == 0 else f"K = {k}"
             ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o", ms=4, capsize=2, label=label)
@@ -713,7 +745,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="add this UTF-8 text to the teacher-forced states (repeatable)")
     ap.add_argument("--states", help="the states file: read when it exists, else captured and written there "
                                      "(default: a file in $QHEAD_STATE_CACHE keyed by model, corpus and settings)")
-    ap.add_argument("--n", type=int, help="use this many states, spread over all of them (default: all)")
+    ap.add_argument("--n", type=int, help="use this many states, spread over all of them (default: all); without a "
+                                          "states file, about this many are captured")
+    ap.add_argument("--capture-all", action="store_true", help="with --n: capture the whole corpus and prompt set")
     ap.add_argument("--schemes", default=DEFAULT_SCHEMES, help=f"comma list (default {DEFAULT_SCHEMES})")
     ap.add_argument("--rescore", default=DEFAULT_RESCORE, help="exact top-K rescoring for each K (comma list; "
                                                                "K = 0, no rescoring, always runs)")
@@ -763,7 +797,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         result = run(models, states=args.states, texts=args.text, n=args.n, schemes=schemes, rescore=ks,
                      embedding=emb, quantizer=args.quantizer, rescore_dtype=args.rescore_dtype,
                      scale_dtype=args.scale_dtype, window=args.window, new_tokens=args.new_tokens,
-                     generation=not args.no_generation)
+                     generation=not args.no_generation, capture_all=args.capture_all)
     except (ValueError, qhead.Error) as e:
         print(f"qhead agree: {e}", file=sys.stderr)
         return 2
