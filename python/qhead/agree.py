@@ -477,7 +477,7 @@ def compare(hidden: Tensor, table: Tensor, tables: Dict[str, Any], ks: Sequence[
             q = qhead.logits(tab, x)
             per = stats.compare_logits(dr, q, [0, *ks], exact=exact)
             for k, r in per.items():
-                accs[(name, k)].add(agree=r.agree, kl=r.kl, dp_top=r.dp_top, dp_target=r.dp_target, nll=r.nll,
+                accs[(name, k)].add(agree=r.agree, displaced=r.displaced, kl=r.kl, dp_top=r.dp_top, dp_target=r.dp_target, nll=r.nll,
                                     ov5=r.overlap[5], ov10=r.overlap[10])
         if time.time() - last > 30:
             last = time.time()
@@ -510,6 +510,7 @@ def _records(accs, ties: Tensor, nll_dense: Optional[Tensor], source: Tensor, ba
                 lo, hi = stats.wilson(kk, cnt)
                 by[src] = {"states": cnt, "ties": int(ties[m].sum()), "top1_agreement": kk / cnt,
                            "wilson_lo": lo, "wilson_hi": hi, "flips_outside_ties": int((~agree[m] & ~ties[m]).sum())}
+        r["displaced"] = int(a.get("displaced").sum())
         r["by_source"] = by
         out.append(r)
     return out

@@ -6,7 +6,8 @@ constructed inputs with known answers (python/tests/test_stats.py). The harness
 
 Per state, for the dense logits ``d`` and the quantized logits ``q`` of one state:
 
-* top-1 agreement: ``argmax q == argmax d`` (torch's argmax: the lower id among equal values);
+* top-1 agreement: ``argmax q == argmax d`` (the lower id among equal values); after rescoring,
+  the best of the K candidates by exact logit against ``argmax d``;
 * a **tie**: the dense top-1/top-2 margin is within the rounding noise of the dense logits
   (:func:`logit_error_bound`), so that which of the two is "the" dense top token is decided by
   summation order, not by the model. Ties are counted apart; a flip outside a tie is a real one;
@@ -34,7 +35,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["Z95", "wilson", "unit_roundoff", "gamma", "logit_error_bound", "is_tie", "compare_logits", "summarize",
+__all__ = ["Z95", "wilson", "unit_roundoff", "gamma", "logit_error_bound", "is_tie", "DenseRows", "compare_logits", "summarize",
            "quantile", "PerState"]
 
 # The 97.5% point of the standard normal: a two-sided 95% interval.
@@ -96,8 +97,9 @@ def is_tie(top1: Tensor, top2: Tensor, e1: Tensor, e2: Tensor) -> Tensor:
 @dataclass
 class PerState:
     """Per-state results of one (scheme, K) over a chunk of states (1-D tensors of length B)."""
-    agree: Tensor        # bool: argmax q' == argmax d
-    top1: Tensor         # int64: argmax q'
+    agree: Tensor        # bool: top1 == argmax d
+    top1: Tensor         # int64: argmax q (K = 0); the best of the K candidates by exact logit (K > 0)
+    displaced: Tensor    # bool: argmax q' is not top1 (K > 0: no candidate's exact logit reaches it)
     overlap: Dict[int, Tensor]  # n -> float64 |top_n(q') ∩ top_n(d)| / n
     kl: Tensor           # float64 KL(P_d || P_q')
     dp_top: Tensor       # float64 p_q'(t) - p_d(t), t = argmax d
@@ -114,83 +116,151 @@ def _rank_sort(values: Tensor, ids: Tensor) -> Tuple[Tensor, Tensor]:
     return v.gather(1, o), i.gather(1, o)
 
 
+def _rowdot(a: Tensor, b: Tensor) -> Tensor:
+    """sum_v a[i, v] b[i, v] per row, float64 out. A long f32 dot product can lose up to V u of its
+    magnitude, the size of an 8-bit head's KL; so the rows are cut into blocks of at most 1024
+    (batched f32 dot products, no [B, V] temporary) whose sums are added in float64."""
+    rows, v = a.shape
+    blk = next((n for n in (1024, 512, 256, 128, 64) if v % n == 0), None)
+    if blk is None:
+        return (a * b).sum(dim=1, dtype=torch.float64)
+    parts = torch.bmm(a.reshape(-1, 1, blk), b.reshape(-1, blk, 1)).reshape(rows, v // blk)
+    return parts.sum(dim=1, dtype=torch.float64)
+
+
 def _overlap(a: Tensor, b: Tensor) -> Tensor:
     """|a_row ∩ b_row| / n for id lists a, b [B, n] (ids unique within a row)."""
     return (a.unsqueeze(2) == b.unsqueeze(1)).any(dim=2).sum(dim=1).double() / a.shape[1]
 
 
-def compare_logits(dense: Tensor, quant: Tensor, ks: Sequence[int], exact: Optional[Callable[[Tensor], Tensor]] = None,
+@dataclass
+class DenseRows:
+    """The dense side of a chunk of states, computed once and shared by every quantized table:
+    the logits ``d`` [B, V] f32, ``p`` = softmax(d) f32, the top-1 id, the top-n id lists, the
+    NLL of the targets (float64) and p of the top token and of the targets."""
+    d: Tensor
+    p: Tensor
+    top1: Tensor
+    topn: Dict[int, Tensor]
+    targets: Optional[Tensor]
+    nll: Optional[Tensor]
+    p_top: Tensor
+    p_target: Optional[Tensor]
+    psum: Tensor  # sum_v p (1 up to the f32 rounding of the softmax; every use divides by it)
+
+    @staticmethod
+    def of(dense: Tensor, targets: Optional[Tensor] = None, topn: Sequence[int] = (5, 10)) -> "DenseRows":
+        if dense.dim() != 2:
+            raise ValueError(f"DenseRows: dense logits must be [B, V], got {tuple(dense.shape)}")
+        b, v = dense.shape
+        if topn and max(topn) > v:
+            raise ValueError(f"DenseRows: top-n {list(topn)} > V = {v}")
+        d = dense.float().contiguous()
+        p = torch.softmax(d, dim=1)
+        rows = torch.arange(b)
+        nmax = max(topn) if topn else 1
+        _, ti = _rank_sort(*torch.topk(d, nmax, dim=1))
+        top1 = ti[:, 0]
+        tn = {n: ti[:, :n] for n in topn}
+        nll = p_t = None
+        if targets is not None:
+            t = targets.long()
+            if t.shape != (b,):
+                raise ValueError(f"DenseRows: targets must be [{b}], got {tuple(t.shape)}")
+            # The dense NLL itself needs no more than f32; the quantized one is formed from it and
+            # the differences (see compare_logits), so that Δppl does not depend on its rounding.
+            nll = (torch.logsumexp(d, dim=1) - d[rows, t]).double()
+            p_t = p[rows, t].double()
+            targets = t
+        psum = p.sum(dim=1, dtype=torch.float64)
+        return DenseRows(d, p, top1, tn, targets, nll, p[rows, top1].double() / psum,
+                         p_t / psum if p_t is not None else None, psum)
+
+
+def compare_logits(dense, quant: Tensor, ks: Sequence[int], exact: Optional[Callable[[Tensor], Tensor]] = None,
                    targets: Optional[Tensor] = None, topn: Sequence[int] = (5, 10)) -> Dict[int, PerState]:
-    """Per-state statistics of the quantized logits ``quant`` [B, V] against ``dense`` [B, V], for
-    each K in ``ks`` (0: the quantized logits as they are; K > 0: their K largest entries replaced by
-    exact values). ``exact(ids [B, C]) -> values [B, C]`` gives the exact logits of candidate ids
-    (needed when some K > 0); ``targets`` [B] the next token of each state (or None).
-    Returns {K: PerState}."""
-    if dense.shape != quant.shape or dense.dim() != 2:
-        raise ValueError(f"compare_logits: dense {tuple(dense.shape)} and quant {tuple(quant.shape)} must be "
-                         f"the same [B, V]")
-    b, v = dense.shape
+    """Per-state statistics of the quantized logits ``quant`` [B, V] against the dense logits
+    (``dense``: a [B, V] tensor, or the :class:`DenseRows` of one, which then carries the targets
+    and top-n), for each K in ``ks`` (0: the quantized logits as they are; K > 0: their K largest
+    entries replaced by exact values). ``exact(ids [B, C]) -> values [B, C]`` gives the exact
+    logits of candidate ids (needed when some K > 0); ``targets`` [B] the next token of each state.
+    Returns {K: PerState}.
+
+    With delta = q - d - c (c: q - d at the dense top token, so that a constant shift cancels), the
+    figures are formed without cancellation: KL(P_d || P_q) = -sum p delta + log1p(A),
+    p_q(t) = p_d(t) exp(delta_t - log1p(A)), nll_q(y) = nll_d(y) - delta_y + log1p(A), where
+    A = sum p expm1(delta), p normalized by its f32 sum. Rescoring K entries changes those sums by
+    K terms (float64)."""
+    dr = dense if isinstance(dense, DenseRows) else DenseRows.of(dense, targets, topn)
+    d, p = dr.d, dr.p
+    if d.shape != quant.shape:
+        raise ValueError(f"compare_logits: dense {tuple(d.shape)} and quant {tuple(quant.shape)} must be the same "
+                         f"[B, V]")
+    b, v = d.shape
     kmax = max([k for k in ks] + [0])
     if kmax > v or min(ks, default=0) < 0:
         raise ValueError(f"compare_logits: K values {list(ks)} must be in [0, V = {v}]")
     if kmax and exact is None:
         raise ValueError("compare_logits: K > 0 needs exact")
-    nmax = max(topn) if topn else 0
-    if nmax > v:
-        raise ValueError(f"compare_logits: top-n {list(topn)} > V = {v}")
+    ns = sorted(dr.topn)
+    nmax = max(ns) if ns else 0
     rows = torch.arange(b)
+    q = quant.float()
 
-    # Dense side, once.
-    ld = dense.double()
-    lse_d = torch.logsumexp(ld, dim=1)
-    logp_d = ld - lse_d[:, None]
-    p_d = logp_d.exp()
-    psum = p_d.sum(dim=1)
-    negent = (p_d * logp_d).sum(dim=1)
-    d_top1 = ld.argmax(dim=1)
-    d_topn = {n: _rank_sort(*torch.topk(dense, n, dim=1))[1] for n in topn}
-    pd_top = p_d[rows, d_top1]
-    pd_tgt = p_d[rows, targets.long()] if targets is not None else None
-
-    # Quantized side: full-row sums once, then the candidate lists.
-    lq = quant.double()
-    m = lq.max(dim=1).values
-    s_all = (lq - m[:, None]).exp().sum(dim=1)
-    s_dot = (p_d * lq).sum(dim=1)
-    c = min(v, kmax + nmax) if (kmax + nmax) else 1
-    qv, qi = torch.topk(quant, c, dim=1)
-    qv, qi = _rank_sort(qv, qi)
-    qv = qv.double()
-    xv = exact(qi[:, :kmax]).double() if kmax else None  # exact logits of the first kmax candidates
-    lq_top = lq[rows, d_top1]
-    lq_tgt = lq[rows, targets.long()] if targets is not None else None
+    # Full rows, once per table. delta is taken relative to its value at the dense top token, so
+    # that a constant shift of the logits (which changes no probability) cancels exactly.
+    delta = q - d
+    shift = delta[rows, dr.top1].clone()
+    delta -= shift[:, None]
+    c = max(1, min(v, kmax + nmax))
+    qv, qi = _rank_sort(*torch.topk(q, c, dim=1))
+    dl_top = delta[rows, dr.top1].double()
+    dl_tgt = delta[rows, dr.targets].double() if dr.targets is not None else None
+    dl_k = delta.gather(1, qi[:, :kmax]) if kmax else None
+    s_pd = _rowdot(p, delta)  # sum p delta
+    torch.expm1(delta, out=delta)
+    a = _rowdot(p, delta)     # sum p expm1(delta) = Z_q / Z_d - 1 (with p's sum)
+    em_k = delta.gather(1, qi[:, :kmax]) if kmax else None
+    del delta
+    xv = exact(qi[:, :kmax]).double() if kmax else None
 
     out: Dict[int, PerState] = {}
     for k in ks:
         if k == 0:
-            lse, dot = m + s_all.log(), s_dot
-            vals, ids = qv, qi
-            q_top, q_tgt = lq_top, lq_tgt
+            s, aa, vals, ids = s_pd, a, qv, qi
+            t_top, t_tgt = dl_top, dl_tgt
         else:
-            e, qk, ik = xv[:, :k], qv[:, :k], qi[:, :k]
-            s = s_all - (qk - m[:, None]).exp().sum(dim=1) + (e - m[:, None]).exp().sum(dim=1)
-            lse = m + s.log()
-            dot = s_dot + (p_d.gather(1, ik) * (e - qk)).sum(dim=1)
-            vals, ids = _rank_sort(torch.cat([e, qv[:, k:]], dim=1), qi)
-            hit = ik == d_top1[:, None]
-            q_top = torch.where(hit.any(dim=1), (e * hit).sum(dim=1), lq_top)
-            if targets is not None:
-                hit_t = ik == targets.long()[:, None]
-                q_tgt = torch.where(hit_t.any(dim=1), (e * hit_t).sum(dim=1), lq_tgt)
-        kl = (negent - dot + lse * psum).clamp_min(0.0)
-        top1 = ids[:, 0].long()
-        nll = (lse - q_tgt) if targets is not None else None
+            ik = qi[:, :k]
+            e = xv[:, :k]
+            pk, dk = p.gather(1, ik).double(), d.gather(1, ik).double() + shift.double()[:, None]
+            # Take out the K terms exactly as the full sums took them in (the f32 delta), put in
+            # the exact ones (float64).
+            s = s_pd + (pk * (e - dk)).sum(dim=1) - (pk * dl_k[:, :k].double()).sum(dim=1)
+            aa = a + (pk * torch.expm1(e - dk)).sum(dim=1) - (pk * em_k[:, :k].double()).sum(dim=1)
+            vals, ids = _rank_sort(torch.cat([e.to(qv.dtype), qv[:, k:]], dim=1), qi)
+            hit = ik == dr.top1[:, None]
+            t_top = torch.where(hit.any(dim=1), ((e - dk) * hit).sum(dim=1), dl_top)
+            if dr.targets is not None:
+                hit_t = ik == dr.targets[:, None]
+                t_tgt = torch.where(hit_t.any(dim=1), ((e - dk) * hit_t).sum(dim=1), dl_tgt)
+        l1p = torch.log1p(aa / dr.psum)
+        kl = (l1p - s / dr.psum).clamp_min(0.0)
+        if k == 0:
+            top1 = ids[:, 0].long()
+            displaced = torch.zeros(b, dtype=torch.bool)
+        else:
+            # The rescored top-1 is the best candidate by its exact logit (what the rescore op and
+            # QuantLMHead.topk return): agreement can only grow with K. The argmax of q' itself
+            # leaves the candidates when every exact candidate falls below the best quantized
+            # non-candidate: counted as displaced.
+            top1 = _rank_sort(e, ik)[1][:, 0].long()
+            displaced = ids[:, 0].long() != top1
         out[k] = PerState(
-            agree=top1 == d_top1, top1=top1,
-            overlap={n: _overlap(ids[:, :n], d_topn[n]) for n in topn},
-            kl=kl, dp_top=(q_top - lse).exp() - pd_top,
-            dp_target=((q_tgt - lse).exp() - pd_tgt) if targets is not None else None,
-            nll=nll)
+            agree=top1 == dr.top1, top1=top1, displaced=displaced,
+            overlap={n: _overlap(ids[:, :n], dr.topn[n]) for n in ns},
+            kl=kl, dp_top=dr.p_top * torch.expm1(t_top - l1p),
+            dp_target=dr.p_target * torch.expm1(t_tgt - l1p) if dr.targets is not None else None,
+            nll=dr.nll - t_tgt + l1p if dr.targets is not None else None)
     return out
 
 
