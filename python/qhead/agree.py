@@ -563,18 +563,24 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
         mdt = getattr(torch, st.meta.get("model_dtype", "float32"))
         sd = scale_dtype or {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[mdt]
         t0 = time.time()
-        tables = {s: qhead.quantize(w, s, scale_dtype=sd) for s in schemes}
+        tables, skipped = {}, {}
+        for s in schemes:
+            try:
+                tables[s] = qhead.quantize(w, s, scale_dtype=sd)
+            except qhead.InvalidArgumentError as e:  # e.g. a group size that does not divide H
+                skipped[s] = str(e)
+                log(f"{st.meta['model']}: {s} skipped: {e}")
         t_quant = time.time() - t0
-        log(f"{st.meta['model']}: {len(schemes)} schemes quantized ({quantizer}) in {t_quant:.1f} s; comparing "
+        log(f"{st.meta['model']}: {len(tables)} schemes quantized ({quantizer}) in {t_quant:.1f} s; comparing "
             f"{len(st)} states, K = 0, {', '.join(map(str, ks))}")
         t1 = time.time()
         accs, ties, nll_d = compare(st.hidden, w, tables, ks, targets=st.target, rescore_dtype=rdt, out_dtype=mdt,
                                     log=log)
         base = {"model": st.meta["model"], "quantizer": quantizer, "embedding": "dense", "scale_dtype": sd,
                 "rescore_dtype": rescore_dtype}
-        records += _records(accs, ties, nll_d, st.source, base, schemes)
+        records += _records(accs, ties, nll_d, st.source, base, list(tables))
         t_cmp = time.time() - t1
-        emb_schemes = list(schemes) if list(embedding) == ["same"] else [e for e in embedding if e != "none"]
+        emb_schemes = list(tables) if list(embedding) == ["same"] else [e for e in embedding if e != "none"]
         t_emb = 0.0
         if emb_schemes:
             t2 = time.time()
@@ -588,7 +594,7 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
             "vocab": int(w.shape[0]), "hidden": int(w.shape[1]), "states_file": os.path.basename(path),
             "states": len(st), "states_captured": len(full),
             "seconds_compare": round(t_cmp, 1), "seconds_quantize": round(t_quant, 2),
-            "seconds_embedding": round(t_emb, 1),
+            "seconds_embedding": round(t_emb, 1), "skipped": skipped,
         }
     meta = {
         "tool": "qhead agree", "qhead_version": qhead.__version__, "qhead_commit": _git_commit(),

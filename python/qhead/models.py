@@ -328,3 +328,38 @@ def rss() -> Dict[str, int]:
             if k in ("VmRSS", "RssAnon", "RssFile"):
                 out[{"VmRSS": "total", "RssAnon": "anon", "RssFile": "file"}[k]] = int(v.split()[0]) * 1024
     return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m qhead.models convert SPEC``: makes the f32 transformers copy of a GGUF model (if
+    it is not there yet) and prints its directory; ``sha256 SPEC``: the model file's sha256."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m qhead.models", description=main.__doc__.split("\n\n")[0])
+    ap.add_argument("command", choices=("convert", "sha256"))
+    ap.add_argument("model", help=f"{', '.join(KNOWN)}, a .gguf file or a transformers model directory")
+    args = ap.parse_args(argv)
+    try:
+        ref = resolve(args.model)
+        why = unavailable(ref)
+        if why:
+            raise FileNotFoundError(why)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"qhead.models: {e}", file=sys.stderr)
+        return 2
+    if args.command == "sha256":
+        print(file_sha256(ref.path) if ref.kind == "gguf" else "-")
+        return 0
+    if ref.kind == "gguf" and not os.path.isfile(os.path.join(ref.converted_dir, "config.json")):
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        model, _ = load(ref)
+        del model
+    print(ref.converted_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
