@@ -788,6 +788,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 why = qmodels.unavailable(ref)
                 if why:
                     raise FileNotFoundError(f"agree: model {m}: {why}")
+        if args.plot:
+            import importlib.util
+
+            if importlib.util.find_spec("matplotlib") is None:
+                raise ValueError("agree: --plot needs the matplotlib package (pip install matplotlib)")
         for t in args.text:
             if not os.path.isfile(t):
                 raise FileNotFoundError(f"agree: --text {t}: no such file")

@@ -112,6 +112,7 @@ def test_format_table_and_plot(result, tmp_path):
     r, _ = result
     t = agree.format_table(r)
     assert t.count("\n") == len(r["records"]) + 1
+    pytest.importorskip("matplotlib")
     png = tmp_path / "agree.png"
     agree.plot(r, str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

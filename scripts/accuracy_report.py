@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Writes docs/accuracy.md from the JSON that `qhead agree --json` (and `qhead generate --json`)
+wrote; every figure on the page comes from those files, which say how they were made.
+
+    python scripts/accuracy_report.py docs/accuracy/*.json [-o docs/accuracy.md]
+
+A file is an agree result when it has "records", a generate result when it has "prompts".
+"""
+import argparse
+import json
+import os
+import sys
+
+SEED_INT8 = 0.99658  # int8 per-row top-1 agreement on 2632 real decode states, in the seed discussion
+
+
+def pct(x, nd=3):
+    return f"{100.0 * x:.{nd}f}"
+
+
+def agree_table(recs, ks=None):
+    out = ["| scheme | K | states | ties | top-1 agreement % [95% CI] | flips/1k | flips outside ties | "
+           "displaced | top-5 | top-10 | KL mean | KL median | KL p99 | KL p99.9 | Δp top % (mean, RMS) | Δppl % |",
+           "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for r in recs:
+        if ks is not None and r["rescore"] not in ks:
+            continue
+        dppl = f"{r['dppl_pct']:+.2f}" if "dppl_pct" in r else "-"
+        out.append(
+            f"| {r['scheme']} | {r['rescore']} | {r['states']} | {r['ties']} | {pct(r['top1_agreement'])} "
+            f"[{pct(r['wilson_lo'])}, {pct(r['wilson_hi'])}] | {r['flips_per_1k']:.2f} | {r['flips_outside_ties']} | "
+            f"{r.get('displaced', 0)} | {r['top5_overlap']:.4f} | {r['top10_overlap']:.4f} | {r['kl_mean']:.2e} | "
+            f"{r['kl_median']:.2e} | {r['kl_p99']:.2e} | {r['kl_p999']:.2e} | "
+            f"{r['dp_top_mean_pct']:+.3f}, {r['dp_top_rms_pct']:.3f} | {dppl} |")
+    return out
+
+
+def by_source_table(recs):
+    out = ["| scheme | K | corpus (teacher-forced) | greedy generation | sampled generation |", "|---|---:|---|---|---|"]
+    for r in recs:
+        cells = []
+        for src in ("corpus", "greedy", "sampled"):
+            b = r["by_source"].get(src)
+            cells.append("-" if b is None else f"{pct(b['top1_agreement'], 2)} ({b['states']}; "
+                                               f"{b['flips_outside_ties']} flips outside ties)")
+        out.append(f"| {r['scheme']} | {r['rescore']} | " + " | ".join(cells) + " |")
+    return out
+
+
+def headline(model, recs):
+    def rec(s, k):
+        return next((r for r in recs if r["scheme"] == s and r["rescore"] == k and r["embedding"] == "dense"), None)
+
+    lines = []
+    w8_8, w4_8, w8_0, w4_0 = rec("w8", 8), rec("w4g64", 8), rec("w8", 0), rec("w4g64", 0)
+    if w8_8:
+        ok = "met" if w8_8["flips_outside_ties"] == 0 else "missed"
+        lines.append(f"- `w8` + exact top-8 rescoring: {w8_8['flips_outside_ties']} flips outside ties in "
+                     f"{w8_8['states']} states ({w8_8['ties']} ties) — target \"no flips outside ties\": **{ok}**.")
+    if w4_8:
+        ok = "met" if w4_8["top1_agreement"] >= 0.999 else "missed"
+        lines.append(f"- `w4g64` + top-8 rescoring: {pct(w4_8['top1_agreement'])}% top-1 agreement "
+                     f"[{pct(w4_8['wilson_lo'])}, {pct(w4_8['wilson_hi'])}] — target ≥ 99.9%: **{ok}**.")
+    if w8_0:
+        lines.append(f"- Without rescoring: `w8` {pct(w8_0['top1_agreement'])}% "
+                     f"[{pct(w8_0['wilson_lo'])}, {pct(w8_0['wilson_hi'])}] ({w8_0['flips_per_1k']:.2f} flips per "
+                     f"1000 states; the seed's int8 per-row figure is {pct(SEED_INT8)}%, 3.42 per 1000)"
+                     + (f", `w4g64` {pct(w4_0['top1_agreement'])}% ({w4_0['flips_per_1k']:.1f} per 1000, Δppl "
+                        f"{w4_0.get('dppl_pct', float('nan')):+.2f}%)." if w4_0 else "."))
+    return lines
+
+
+def gen_section(g):
+    lines = []
+    prompts = g.get("prompts", [])
+    same = sum(1 for p in prompts if p.get("first_diff") is None)
+    lines.append(f"`{g.get('command', 'qhead generate')}` — {g.get('device', '')}, {g.get('date', '')}, "
+                 f"qhead {g.get('qhead_version', '')} ({g.get('qhead_commit') or 'commit unknown'})")
+    lines.append("")
+    keys = [k for k in ("model", "head", "embedding", "rescore", "new_tokens", "tied") if k in g]
+    lines.append(", ".join(f"{k} `{g[k]}`" for k in keys) + f"; prompts identical to dense: {same}/{len(prompts)}")
+    for k in ("summary",):
+        if isinstance(g.get(k), dict):
+            lines.append("")
+            lines.append("| figure | dense | quantized |")
+            lines.append("|---|---:|---:|")
+            s = g[k]
+            for name, label in (("tokens_per_s", "tokens/s"), ("head_share", "head's share of the step"),
+                                ("head_ms_per_step", "head ms per step"), ("table_bytes", "token table bytes"),
+                                ("head_bytes_per_step", "bytes the head reads per step")):
+                d, q = s.get(f"dense_{name}"), s.get(f"quant_{name}")
+                if d is None and q is None:
+                    continue
+                lines.append(f"| {label} | {fmt(d)} | {fmt(q)} |")
+    return lines
+
+
+def fmt(x):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}" if abs(x) < 1000 else f"{x:,.0f}"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return str(x)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("-o", "--out", default="docs/accuracy.md")
+    args = ap.parse_args(argv)
+    agrees, gens = [], []
+    for f in args.files:
+        with open(f) as fh:
+            d = json.load(fh)
+        (agrees if "records" in d else gens).append((f, d))
+    out = ["# Accuracy: what a quantized head does to real models", "",
+           "Generated by `scripts/accuracy_report.py` from the JSON beside it in `docs/accuracy/`, which `qhead agree "
+           "--json` and `qhead generate --json` wrote. Method: [architecture.md](architecture.md#accuracy-qhead-agree-"
+           "pythonqheadagreepy-statspy-modelspy-corpus). Every record compares a quantized head with the model's own "
+           "dense head (its GGUF table dequantized to f32) on the same decode states; the quantizer is RTN.", ""]
+    for f, d in agrees:
+        meta = d["meta"]
+        for model, m in d["models"].items():
+            recs = [r for r in d["records"] if r["model"] == model]
+            head = [r for r in recs if r["embedding"] == "dense"]
+            emb = [r for r in recs if r["embedding"] != "dense"]
+            out += [f"## {model}", ""]
+            out += headline(model, recs) + [""]
+            out += [f"- Model: `{m['model_file']}` (sha256 `{m['model_sha256']}`), V × H = {m['vocab']} × {m['hidden']}, "
+                    f"tied: {m['tied']}, dtype {m['model_dtype']}.",
+                    f"- States: {m['states']} used of {m['states_captured']} captured ({m['states_teacher_forced']} "
+                    f"teacher-forced over the corpus, sha256 `{m['corpus_sha256'][:16]}…`, windows of {m['window']}; "
+                    f"the rest from greedy and sampled generation, {m['new_tokens']} tokens per prompt). Capture: "
+                    f"{m['seconds']['teacher_forced']:.0f} s teacher-forced + {m['seconds']['generation']:.0f} s "
+                    f"generation on {m['cpu']}, {m['threads']} threads; comparison {m['seconds_compare']:.0f} s.",
+                    f"- Run: `{meta.get('command', 'qhead agree')}` — qhead {meta['qhead_version']} "
+                    f"({meta.get('qhead_commit') or 'commit unknown'}), torch {meta['torch']}, transformers "
+                    f"{meta['transformers']}, {meta['date']}. JSON: `{os.path.relpath(f, os.path.dirname(args.out))}`."]
+            if m.get("skipped"):
+                out.append(f"- Not run: {', '.join(m['skipped'])} (the group size does not divide H = {m['hidden']}).")
+            out += ["", "### Head only, every scheme and K", ""] + agree_table(head) + [""]
+            out += ["### By origin of the state (top-1 agreement %)", ""] + by_source_table(
+                [r for r in head if r["rescore"] in (0, 8)]) + [""]
+            if emb:
+                out += ["### The input embedding quantized too (tied: the same packed table), corpus states", ""]
+                out += agree_table(emb) + [""]
+            png = os.path.splitext(f)[0] + ".png"
+            if os.path.isfile(png):
+                out += [f"![{model}]({os.path.relpath(png, os.path.dirname(args.out))})", ""]
+    if gens:
+        out += ["## Generation side by side", ""]
+        for f, g in gens:
+            out += gen_section(g) + [""]
+    out += ["## Reading the tables", "",
+            "- **ties**: states whose dense top-1/top-2 margin is within the rounding bound of the dense logits (an f32 "
+            "dot product over H); **flips outside ties** are the real ones. **displaced**: states where the argmax of "
+            "the rescored logits is not among the K candidates (the rescored top-1 reported is the best candidate).",
+            "- **KL** is KL(dense ‖ quantized) per state from the full distributions; **Δp top** the change in the "
+            "probability of the dense top token; **same top p** (llama.cpp's name) equals the top-1 agreement.",
+            "- **Δppl** is the perplexity of the corpus' next tokens with the quantized head against the dense head "
+            "(teacher-forced states only).", "",
+            "## Reproduce", "",
+            "```sh",
+            "scripts/fetch_models.sh",
+            "qhead agree --model smollm2 --threads 2 --json docs/accuracy/smollm2.json --plot docs/accuracy/smollm2.png",
+            "qhead agree --model gemma3 --n 12000 --capture-all --threads 2 --json docs/accuracy/gemma3.json "
+            "--plot docs/accuracy/gemma3.png",
+            "python scripts/accuracy_report.py docs/accuracy/*.json",
+            "```", ""]
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as fh:
+        fh.write("\n".join(out))
+    os.replace(tmp, args.out)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
