@@ -49,7 +49,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import qhead
 from qhead import models as qmodels
 
-__all__ = ["ArgumentError", "run", "format_report", "greedy", "validation_prompts", "HeadClock", "main"]
+__all__ = ["ArgumentError", "run", "format_report", "greedy", "first_diff", "validation_prompts", "HeadClock", "main"]
 
 # Scheme names that keep a role dense.
 DENSE_NAMES = ("dense", "none")
@@ -284,7 +284,9 @@ def _device_name(device: str) -> str:
     return f"cpu: {name}"
 
 
-def _first_diff(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
+def first_diff(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
+    """The index of the first differing token of two sequences (the shorter one's length when one
+    is a prefix of the other), None when they are equal."""
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
@@ -353,7 +355,7 @@ def run(model_spec: str, head: Optional[str] = "w4g64", embedding: Optional[str]
         prompt_rows.append({**r, "prompt_tokens": dense["prompt_tokens"][i],
                             "dense": {"ids": d, "text": dense["texts"][i], "seconds": dense["seconds"][i]},
                             "quantized": {"ids": q, "text": quant["texts"][i], "seconds": quant["seconds"][i]},
-                            "first_diff": _first_diff(d, q)})
+                            "first_diff": first_diff(d, q)})
     for p in (dense, quant):
         for k in ("tokens", "texts", "prompt_tokens", "seconds"):
             del p[k]
