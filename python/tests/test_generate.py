@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from conftest import requires_cuda
+
 import qhead
 from qhead import generate as qg
 
@@ -87,6 +89,58 @@ def test_format_report_on_a_hand_made_result():
     for needle in ("20.00", "25.00", "25.0%", "6.2%", "12.500", "2.500", "108.0 MiB", "15.0 MiB", "5.00x faster",
                    "7.20x fewer bytes", "tied (one table for both roles)"):
         assert needle in text, (needle, text)
+
+
+# ---- a tiny random model: the whole command, on the CPU and on CUDA ---------------------------
+
+def _tiny_model_dir(path):
+    """A tied 256 x 64 Llama with random weights and a word-level tokenizer, saved as a transformers
+    model directory."""
+    torch = pytest.importorskip("torch")
+    tf = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[PAD]", "[UNK]", "[BOS]", "[EOS]"] + [f"w{i}" for i in range(252)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", bos_token="[BOS]",
+                               eos_token="[EOS]").save_pretrained(path)
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                         pad_token_id=0, bos_token_id=2, eos_token_id=3)
+    tf.LlamaForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
+def test_tiny_model_command(device, tmp_path, capsys):
+    d = _tiny_model_dir(tmp_path / "tiny")
+    out = tmp_path / "out.json"
+    argv = ["--model", d, "--head", "w8", "--rescore", "8", "--prompt", "w1 w2 w3", "--prompt", "w7",
+            "--new-tokens", "4", "--device", device, "--threads", "1", "--json", str(out)]
+    import torch
+
+    threads = (torch.get_num_threads(), qhead.num_threads())
+    try:
+        assert qg.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads[0])
+        qhead.set_num_threads(threads[1])
+    text = capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert text.strip() == qg.format_report(r).strip()
+    assert r["device"].startswith(f"{device}: ") and r["device_kind"] == device
+    assert r["model"] == {**r["model"], "kind": "hf", "vocab": 256, "hidden": 64, "tied": True, "sha256": None}
+    assert r["command"].endswith(" -m qhead.generate " + " ".join(
+        f"'{a}'" if " " in a else a for a in argv))
+    # Rescoring the top 8 from the f32 rows (and the embedding gathering them): the dense tokens.
+    assert r["identical"] == 2, [(p["dense"]["ids"], p["quantized"]["ids"]) for p in r["prompts"]]
+    for name in ("dense", "quantized"):
+        assert 0 < r[name]["head_share"] < 1 and r[name]["head_calls"] == 2 * 4
+    assert r["dense"]["table_bytes"] == 256 * 64 * 4
+    assert r["quantized"]["table_bytes"] == 256 * 64 + 256 * 4 + 256 * 64 * 4
+    assert r["quantized"]["roles"]["head"].startswith("w8 + rescore 8")
 
 
 # ---- a real run ---------------------------------------------------------------------------------
