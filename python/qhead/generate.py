@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import platform
 import shlex
@@ -335,8 +336,6 @@ def run(model_spec: str, head: Optional[str] = "w4g64", embedding: Optional[str]
     qh.quantize_model(model, head=hs, embedding=es, rescore=rescore, dense_rows=dense_rows)
     quantize_s = time.perf_counter() - t
     del emb, out
-    import gc
-
     gc.collect()
     say(f"{ref.name}: quantized in {quantize_s:.1f} s; quantized pass")
     quant = _pass(model, encoder, rows, new_tokens, device, log)
