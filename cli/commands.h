@@ -86,6 +86,11 @@ struct TpRunArgs {
 };
 int run_tp(const TpRunArgs& a);
 
+// qhead generate / qhead agree (cmd_python.cc): execs the Python named by
+// $QHEAD_PYTHON (default python3 on PATH) on `-m <module> ARGS...`, ARGS as
+// given; returns only when the exec failed (after saying so on stderr).
+int run_python_module(const std::string& command, const std::string& module, const std::vector<std::string>& args);
+
 // Shared by the commands: "1.23 MB".
 std::string human_bytes(double bytes);
 // The non-empty pieces of s between separators (list flags: --m 1,8 --shape A,B).

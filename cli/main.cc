@@ -2,6 +2,7 @@
 // error into one line on stderr (or, under --json, an error object on stdout)
 // and the exit status of its kind (usage.h; README "Exit codes").
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -9,6 +10,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <new>
+#include <utility>
+#include <vector>
 
 #include "commands.h"
 #include "qhead/error.h"
@@ -33,7 +36,28 @@ int report(bool json, const char* code, const std::string& message, const std::s
   return status;
 }
 
+// The commands the Python package implements: name -> module.
+struct PythonCommand {
+  const char* name;
+  const char* module;
+  const char* help;
+};
+constexpr PythonCommand kPythonCommands[] = {
+    {"generate", "qhead.generate",
+     "Greedy generation with the dense and the quantized token table, batch 1: texts, first differing token, "
+     "tokens/s, the head's share and bytes per step (runs python -m qhead.generate; QHEAD_PYTHON names the Python)"},
+    {"agree", "qhead.agree",
+     "Top-1 agreement of quantized heads with the dense model on real decode states, with intervals and "
+     "rescoring (runs python -m qhead.agree; QHEAD_PYTHON names the Python)"},
+};
+
 int run(int argc, char** argv) {
+  // A Python command gets every argument after its name unchanged: nothing here
+  // parses them (`qhead generate --help` is the Python CLI's help).
+  if (argc >= 2)
+    for (const PythonCommand& c : kPythonCommands)
+      if (std::strcmp(argv[1], c.name) == 0) return run_python_module(c.name, c.module, {argv + 2, argv + argc});
+
   CLI::App app{"qhead: quantized LLM token tables (embedding + lm_head) in the compressed-tensors pack-quantized layout"};
   app.require_subcommand(1);
   app.set_version_flag("--version", version_line(), "print the version and the commit it was built from, and exit");
@@ -120,6 +144,15 @@ int run(int argc, char** argv) {
       ->check(int_range(0, kInt, "0: none"));
   tprun->add_option("command", ta.command, "the command and its arguments, after --")->required();
 
+  // Listed in --help; their arguments are never parsed here (prefix_command:
+  // everything after the name is left for the Python command).
+  std::vector<std::pair<CLI::App*, const PythonCommand*>> python_commands;
+  for (const PythonCommand& c : kPythonCommands) {
+    CLI::App* sub = app.add_subcommand(c.name, c.help)->prefix_command()->allow_extras();
+    sub->set_help_flag();
+    python_commands.emplace_back(sub, &c);
+  }
+
   check_names(app, argc, argv);  // an unknown option or command first, with the nearest valid name
   try {
     app.parse(argc, argv);
@@ -144,6 +177,9 @@ int run(int argc, char** argv) {
     status = ba.tp > 0 ? run_bench_tp(ba) : run_bench(ba);
   else if (*tprun)
     status = run_tp(ta);
+  else if (auto it = std::find_if(python_commands.begin(), python_commands.end(), [](const auto& p) { return bool(*p.first); });
+           it != python_commands.end())
+    status = run_python_module(it->second->name, it->second->module, it->first->remaining());
   else
     throw UsageError("qhead", "a command is required (qhead --help)");
   // Output that did not reach its file (a full disk, a closed pipe) is an

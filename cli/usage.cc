@@ -169,6 +169,7 @@ void check_names(CLI::App& app, int argc, char** argv) {
                                     (near.empty() ? " (commands: " + join(commands, ", ", " and ") + ")"
                                                   : " (did you mean " + near + "?)"));
     }
+    if (sub->get_prefix_command()) return;  // its arguments belong to another program (qhead generate)
     const std::vector<std::string> names = option_names(*sub);
     const std::string where = "qhead " + sub->get_name();
     for (int j = i + 1; j < argc; ++j) {

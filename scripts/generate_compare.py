@@ -4,14 +4,13 @@
     python scripts/generate_compare.py [--models smollm2,gemma3] [--new-tokens 32]
                                        [--variants w8+r8,w4g64,w4g64+r8] [--json OUT.json]
 
-The models are the two real GGUF files scripts/fetch_models.sh puts in
-$QHEAD_MODEL_CACHE (default ~/.cache/qhead/models): SmolLM2-135M-Instruct (Q4_1, tied
-49152 x 576 table) and Gemma-3-270M (Q4_K_M, tied 262144 x 640 table, embedding scaled by
-sqrt(640)). transformers' own GGUF loader reads them (it needs the gguf and accelerate
-packages) and dequantizes every tensor to f32; the converted model is saved once under
-$QHEAD_MODEL_CACHE/hf/<name>/ (save_pretrained, with its tokenizer) and loaded from there
-afterwards. The "dense" model is that f32 model; each variant is the same model after
-qhead.hf.quantize_model (a tied table: one packed copy serves embedding and head):
+The models are qhead.models specs (default: the two real GGUF files scripts/fetch_models.sh
+puts in $QHEAD_MODEL_CACHE, default ~/.cache/qhead/models: SmolLM2-135M-Instruct, Q4_1, tied
+49152 x 576 table, and Gemma-3-270M, Q4_K_M, tied 262144 x 640 table, embedding scaled by
+sqrt(640)); qhead.models.load reads them through transformers' GGUF loader (dequantized to
+f32, converted once into the cache) with their encoder (Gemma-3's own SentencePiece
+vocabulary). The "dense" model is that f32 model; each variant is the same model, loaded
+again, after qhead.hf.quantize_model (a tied table: one packed copy serves embedding and head):
 
     w8+r8     head "w8" (int8, one scale per row) with rescore=8 (the top 8 candidates of
               every step recomputed from the f32 rows kept in CPU memory)
@@ -20,14 +19,16 @@ qhead.hf.quantize_model (a tied table: one packed copy serves embedding and head
     w8+r8/dense-emb  (not by default) w8+r8 with the model's own dense embedding module put
               back (the rescoring variants' tied embedding already reads the f32 rows)
 
-For each prompt (PROMPTS, raw text, batched with left padding) it compares the NEW tokens
-of greedy decoding (max_new_tokens, no early stop) with the dense model's: a prompt agrees
-when all are equal; `first_diff` is the index of the first differing new token. It also
+For each prompt (the corpus's validation prompts, qhead.corpus; raw text, batched with left
+padding: qhead.generate.greedy) it compares the NEW tokens of greedy decoding (max_new_tokens,
+no early stop) with the dense model's: a prompt agrees when all are equal; `first_diff` is
+the index of the first differing new token. It also
 reports the token table's bytes and the process RSS before and after quantize_model
 (anonymous and file-backed apart; the converted model is loaded from a mapped safetensors
 file, so its table is first copied into process memory, where a model loaded from GGUF
-holds it).
-Prints a table; --json writes every number.
+holds it: qhead.models.to_heap).
+Prints a table; --json writes every number. `python -m qhead.generate` is the same comparison
+for one model and variant at batch 1, with the head's timings.
 
 Result (2026-12-02, `--threads 2`, 10 prompts x 32 new tokens, CPU, torch 2.11.0,
 transformers 5.17.0; prompts agreeing with the dense model, first differing new token):
@@ -53,23 +54,8 @@ import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-MODELS = {
-    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
-    "gemma3": "gemma-3-270m-q4_k_m.gguf",
-}
-
-PROMPTS = [
-    "The capital of France is",
-    "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-    "Once upon a time, in a small village by the sea,",
-    "The three primary colors are",
-    "Water boils at a temperature of",
-    "Here is a short list of tips for staying healthy:\n1.",
-    "The quick brown fox",
-    "In machine learning, a neural network is",
-    "Question: What is 12 times 7?\nAnswer:",
-    "The largest planet in our solar system is",
-]
+from qhead import generate as qg  # noqa: E402
+from qhead import models as qm  # noqa: E402
 
 VARIANTS = {
     "w8+r8": dict(head="w8", rescore=8),
@@ -80,196 +66,41 @@ VARIANTS = {
     "w8+r8/dense-emb": dict(head="w8", rescore=8, dense_embedding=True),
 }
 DEFAULT_VARIANTS = "w8+r8,w4g64,w4g64+r8"
+DEFAULT_MODELS = ",".join(qm.KNOWN)
 
 
-def model_cache() -> str:
-    return os.environ.get("QHEAD_MODEL_CACHE", os.path.expanduser("~/.cache/qhead/models"))
-
-
-def gguf_path(name: str) -> str:
-    return os.path.join(model_cache(), MODELS[name])
-
-
-def available(name: str):
-    """None when the model can be loaded here, else the reason it cannot."""
-    p = gguf_path(name)
-    if not os.path.isfile(p):
-        return f"{p} is not there (scripts/fetch_models.sh fetches it)"
-    if os.path.isfile(os.path.join(_converted_dir(name), "config.json")):
-        return None
-    import importlib.util
-
-    for mod in ("gguf", "accelerate"):
-        if importlib.util.find_spec(mod) is None:
-            return f"transformers' GGUF loader needs the {mod} package (pip install {mod})"
-    return None
-
-
-def _converted_dir(name: str) -> str:
-    st = os.stat(gguf_path(name)) if os.path.exists(gguf_path(name)) else None
-    tag = f"{MODELS[name].rsplit('.gguf', 1)[0]}-{st.st_size if st else 0}"
-    return os.path.join(model_cache(), "hf", tag)
-
-
-def load(name: str):
-    """(model, tokenizer): the GGUF model dequantized to f32 by transformers, through the
-    converted copy in the cache (made on first use)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    d = _converted_dir(name)
-    if not os.path.isfile(os.path.join(d, "config.json")):
-        src, f = model_cache(), MODELS[name]
-        tok = AutoTokenizer.from_pretrained(src, gguf_file=f)
-        model = AutoModelForCausalLM.from_pretrained(src, gguf_file=f, dtype=torch.float32)
-        tmp = d + ".tmp"
-        if getattr(model, "hf_quantizer", None) is not None:  # the GGUF "quantizer": the weights are f32 now
-            model.hf_quantizer.remove_quantization_config(model)
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        os.replace(tmp, d)
-        del model
-    tok = AutoTokenizer.from_pretrained(d)
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
-    return model, tok
-
-
-def to_heap(model) -> None:
-    """Copies the token table(s) out of the mapped checkpoint into process memory, where a
-    model loaded from GGUF or built in-process holds them, so that RSS shows what releasing
-    the dense table frees."""
-    import torch
-
-    with torch.no_grad():
-        for m in (model.get_input_embeddings(), model.get_output_embeddings()):
-            w = m.weight
-            if not getattr(w, "_qhead_on_heap", False):
-                w.data = w.data.clone()
-                w._qhead_on_heap = True
-
-
-def rss() -> dict:
-    """The process's resident memory in bytes: total, anonymous (heap) and file-backed (a
-    safetensors file mapped by the loader counts here, not as heap)."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            k, _, v = line.partition(":")
-            if k in ("VmRSS", "RssAnon", "RssFile"):
-                out[{"VmRSS": "total", "RssAnon": "anon", "RssFile": "file"}[k]] = int(v.split()[0]) * 1024
-    return out
-
-
-class SpmEncoder:
-    """The GGUF file's own SentencePiece ("llama" tokenizer model) encoding, as llama.cpp does
-    it: spaces become U+2581, the characters are merged pairwise, highest-scoring vocabulary
-    entry first, unknown characters fall back to <0xXX> byte tokens, and BOS is prepended when
-    the file says so. transformers 5.17's GGUF tokenizer conversion gives Gemma-3 a tokenizer
-    that splits text into single characters without BOS (on which the model only repeats
-    itself), so the Gemma-3 prompts are encoded with this instead. The vocabulary is read from
-    the GGUF once and kept beside the converted model (spm_vocab.json)."""
-
-    def __init__(self, name: str):
-        path = os.path.join(_converted_dir(name), "spm_vocab.json")
-        if not os.path.isfile(path):
-            from gguf import GGUFReader
-
-            r = GGUFReader(gguf_path(name))
-
-            def arr(key):
-                f = r.fields[key]
-                return [f.parts[i] for i in f.data]
-
-            tokens = [bytes(p).decode("utf-8", "replace") for p in arr("tokenizer.ggml.tokens")]
-            scores = [float(p[0]) for p in arr("tokenizer.ggml.scores")]
-            add_bos = bool(arr("tokenizer.ggml.add_bos_token")[0][0]) if "tokenizer.ggml.add_bos_token" in r.fields else True
-            bos = int(arr("tokenizer.ggml.bos_token_id")[0][0])
-            with open(path + ".tmp", "w") as f:
-                json.dump({"tokens": tokens, "scores": scores, "bos": bos if add_bos else None}, f)
-            os.replace(path + ".tmp", path)
-        with open(path) as f:
-            v = json.load(f)
-        self.ids = {t: i for i, t in enumerate(v["tokens"])}
-        self.scores = v["scores"]
-        self.bos = v["bos"]
-
-    def encode(self, text: str):
-        syms = list(text.replace(" ", "\u2581"))
-        while len(syms) > 1:
-            best, at = None, -1
-            for i in range(len(syms) - 1):
-                j = self.ids.get(syms[i] + syms[i + 1])
-                if j is not None and (best is None or self.scores[j] > best):
-                    best, at = self.scores[j], i
-            if at < 0:
-                break
-            syms[at: at + 2] = [syms[at] + syms[at + 1]]
-        out = [] if self.bos is None else [self.bos]
-        for s in syms:
-            if s in self.ids:
-                out.append(self.ids[s])
-            else:
-                out.extend(self.ids[f"<0x{b:02X}>"] for b in s.encode("utf-8"))
-        return out
-
-
-# Models whose prompts are encoded with the GGUF's own SentencePiece vocabulary.
-SPM_MODELS = {"gemma3"}
-
-
-def encode(name: str, tok, prompts):
-    """{input_ids, attention_mask} for the prompts, left-padded."""
-    import torch
-
-    if name in SPM_MODELS:
-        enc = SpmEncoder(name)
-        rows = [enc.encode(p) for p in prompts]
-    else:
-        rows = [tok(p)["input_ids"] for p in prompts]
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    n = max(len(r) for r in rows)
-    ids = torch.tensor([[pad] * (n - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (n - len(r)) + [1] * len(r) for r in rows])
-    return {"input_ids": ids, "attention_mask": mask}
-
-
-def greedy(model, tok, prompts, new_tokens: int, name: str = "smollm2"):
-    """The new token ids of greedy decoding for each prompt (a list of lists)."""
-    import torch
-
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    enc = encode(name, tok, prompts)
-    with torch.no_grad():
-        out = model.generate(**enc, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                             pad_token_id=tok.pad_token_id)
-    return out[:, enc["input_ids"].shape[1]:].tolist()
+def validation_texts():
+    """The texts of the corpus's validation prompts."""
+    return [p.text for p in qg.validation_prompts()]
 
 
 def compare(name: str, variants, new_tokens: int = 32, prompts=None, log=print):
     """{model, table, dense: {...}, variants: {variant: {agree, prompts: [...], rss_*}}}"""
     import qhead.hf as qh
 
-    prompts = list(PROMPTS if prompts is None else prompts)
+    ref = qm.resolve(name)
+    prompts = list(validation_texts() if prompts is None else prompts)
     t0 = time.time()
-    model, tok = load(name)
+    model, enc = qm.load(ref)
     emb = model.get_input_embeddings()
-    result = {"model": name, "file": MODELS[name], "prompts": prompts, "new_tokens": new_tokens,
+    result = {"model": name, "file": os.path.basename(ref.path), "prompts": prompts, "new_tokens": new_tokens,
               "vocab": int(emb.weight.shape[0]), "hidden": int(emb.weight.shape[1]),
               "tied": model.get_output_embeddings().weight is emb.weight, "variants": {}}
+    if ref.kind == "gguf" and os.path.isfile(ref.path):
+        result["sha256"] = qm.file_sha256(ref.path)
     t = time.time()
-    dense = greedy(model, tok, prompts, new_tokens, name)
+    dense = qg.greedy(model, enc, prompts, new_tokens)
     result["dense"] = {"tokens": dense, "seconds": round(time.time() - t, 2),
                        "table_bytes": qh.token_table_bytes(model),
-                       "text": [tok.decode(d) for d in dense]}
+                       "text": [enc.decode(d) for d in dense]}
     log(f"{name}: loaded in {t - t0:.1f} s; dense greedy {result['dense']['seconds']} s")
-    del model
+    del model, emb
     for v in variants:
         gc.collect()
-        model, _ = load(name)
-        to_heap(model)
+        model, _ = qm.load(ref)
+        qm.to_heap(model)
         gc.collect()
-        before = rss()
+        before = qm.rss()
         kw = dict(VARIANTS[v])
         dense_emb = model.get_input_embeddings() if kw.pop("dense_embedding", False) else None
         qh.quantize_model(model, **kw)
@@ -277,13 +108,13 @@ def compare(name: str, variants, new_tokens: int = 32, prompts=None, log=print):
             model.set_input_embeddings(dense_emb)
         del dense_emb
         gc.collect()
-        after = rss()
+        after = qm.rss()
         t = time.time()
-        got = greedy(model, tok, prompts, new_tokens, name)
+        got = qg.greedy(model, enc, prompts, new_tokens)
         rows = []
         for p, a, b in zip(prompts, dense, got):
-            diff = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-            rows.append({"prompt": p, "agree": diff is None, "first_diff": diff, "text": tok.decode(b)})
+            diff = qg.first_diff(a, b)
+            rows.append({"prompt": p, "agree": diff is None, "first_diff": diff, "text": enc.decode(b)})
         result["variants"][v] = {
             **{k: x for k, x in VARIANTS[v].items()}, "agree": sum(r["agree"] for r in rows), "of": len(rows),
             "seconds": round(time.time() - t, 2), "table_bytes": qh.token_table_bytes(model),
@@ -314,10 +145,11 @@ def set_threads(n: int) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="smollm2,gemma3")
+    ap.add_argument("--models", default=DEFAULT_MODELS,
+                    help="comma-separated qhead.models specs (smollm2, gemma3, PATH.gguf, HF_DIR)")
     ap.add_argument("--variants", default=DEFAULT_VARIANTS, help=f"of {', '.join(VARIANTS)}")
     ap.add_argument("--new-tokens", type=int, default=32)
-    ap.add_argument("--prompts", type=int, default=len(PROMPTS), help="how many of the built-in prompts")
+    ap.add_argument("--prompts", type=int, default=None, help="how many of the validation prompts (default: all)")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads for torch and qhead (0: their defaults)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
@@ -326,16 +158,21 @@ def main(argv=None) -> int:
     for v in variants:
         if v not in VARIANTS:
             ap.error(f"unknown variant {v!r} (one of {', '.join(VARIANTS)})")
+    names = [m for m in args.models.split(",") if m]
+    for name in names:
+        try:
+            qm.resolve(name)
+        except ValueError as e:
+            ap.error(str(e))
+    texts = validation_texts()[: args.prompts]
     results, status = [], 0
-    for name in [m for m in args.models.split(",") if m]:
-        if name not in MODELS:
-            ap.error(f"unknown model {name!r} (one of {', '.join(MODELS)})")
-        why = available(name)
+    for name in names:
+        why = qm.unavailable(qm.resolve(name))
         if why:
             print(f"{name}: skipped: {why}", file=sys.stderr)
             status = 1
             continue
-        results.append(compare(name, variants, args.new_tokens, PROMPTS[: args.prompts]))
+        results.append(compare(name, variants, args.new_tokens, texts))
     print()
     print("| model | variant | prompts agreeing | first differing new token per prompt | table MiB (dense) |")
     print("|---|---|---:|---|---:|")

@@ -9,7 +9,9 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -174,7 +176,9 @@ TEST_F(Cli, MistypedNamesSuggestTheNearest) {
            {"bench --zzzzzzzz", "unknown option --zzzzzzzz (see qhead bench --help)"},
            {"benhc --shape 64x64", "qhead: unknown command 'benhc' (did you mean bench?)"},
            {"inspetc " + in, "(did you mean inspect?)"},
-           {"frobnicate", "unknown command 'frobnicate' (commands: inspect, quantize, demo, bench and tp-run)"},
+           {"frobnicate",
+            "unknown command 'frobnicate' (commands: inspect, quantize, demo, bench, tp-run, generate and agree)"},
+           {"generat --model smollm2", "qhead: unknown command 'generat' (did you mean generate?)"},
            {"", "a command is required"},
            {"--threads 2 bench", "qhead: --threads goes after the command: qhead bench --threads ..."},
            {"inspect " + in + " extra", "unexpected argument extra"},
@@ -238,6 +242,43 @@ TEST_F(Cli, VersionAndHelpExitZero) {
     EXPECT_NE(r.out.find("Usage"), std::string::npos) << c;
   }
   EXPECT_NE(run("--help").out.find("--version"), std::string::npos);
+}
+
+// qhead generate / agree become the Python named by QHEAD_PYTHON, running the
+// module (python -m qhead.generate / qhead.agree) with every argument after the
+// command as given, and exit with its status. The stand-in "Python" here checks
+// that it was given a -c program, prints the arguments after it and exits 7.
+TEST_F(Cli, PythonCommandsPassArgumentsAndStatusThrough) {
+  const std::string py = path("python-stand-in");
+  {
+    std::ofstream f(py);
+    f << "#!/bin/sh\n[ \"$1\" = -c ] || exit 9\nshift 2\nfor a in \"$@\"; do printf '[%s]' \"$a\"; done\necho\nexit 7\n";
+  }
+  fs::permissions(py, fs::perms::owner_all);
+  const char* had = std::getenv("QHEAD_PYTHON");
+  const std::string saved = had ? had : "";
+  ::setenv("QHEAD_PYTHON", py.c_str(), 1);
+  const CliRun g = run("generate --model smollm2 --json 'a b' --help --shceme -- --x");
+  EXPECT_EQ(g.status, 7) << g.err;
+  EXPECT_EQ(g.out, "[qhead.generate][generate][--model][smollm2][--json][a b][--help][--shceme][--][--x]\n");
+  EXPECT_EQ(g.err, "");
+  const CliRun a = run("agree --n 5 --version");
+  EXPECT_EQ(a.status, 7) << a.err;
+  EXPECT_EQ(a.out, "[qhead.agree][agree][--n][5][--version]\n");
+  // A Python that cannot be run: one line saying what to install where, exit 1.
+  ::setenv("QHEAD_PYTHON", path("no-such-python").c_str(), 1);
+  const CliRun m = run("generate --json out.json");
+  EXPECT_EQ(m.status, 1);
+  EXPECT_EQ(m.out, "");
+  EXPECT_EQ(std::count(m.err.begin(), m.err.end(), '\n'), 1) << m.err;
+  EXPECT_NE(m.err.find("qhead generate: error: cannot run " + path("no-such-python") + " (No such file or directory)"),
+            std::string::npos) << m.err;
+  EXPECT_NE(m.err.find("install it (pip install .) into the Python named by QHEAD_PYTHON"), std::string::npos) << m.err;
+  if (had) ::setenv("QHEAD_PYTHON", saved.c_str(), 1);
+  else ::unsetenv("QHEAD_PYTHON");
+  const CliRun h = run("--help");
+  EXPECT_NE(h.out.find("\n  generate "), std::string::npos) << h.out;
+  EXPECT_NE(h.out.find("\n  agree "), std::string::npos) << h.out;
 }
 
 // Under --json every error is one object {"error": {"code", "message"}} on
