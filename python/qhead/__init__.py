@@ -10,7 +10,8 @@ Arrays are anything with ``__dlpack__`` (numpy arrays, torch tensors on the CPU
 or CUDA) and are used without copies. Outputs are written into the arrays given
 as ``out`` / ``values`` / ``ids`` / ``lse``, or allocated in the framework of the
 input: torch tensors in, torch tensors out on the same device; numpy in, numpy
-out. ``import qhead`` does not import torch.
+out. ``import qhead`` does not import torch (except in a CUDA build with torch installed, which
+imports torch first so that both use torch's CUDA libraries).
 
 On CUDA tables the ops run on the ``stream`` given (a ``cudaStream_t`` as an
 integer), else on torch's current stream for torch tensors.
@@ -21,7 +22,20 @@ names the op, the tensor and what was expected.
 
 from __future__ import annotations
 
+import importlib.util as _ilu
 import sys as _sys
+
+# A CUDA build of _C needs libcublas and libnccl by soname, and torch's wheels bring their own
+# copies under the same sonames. The process keeps whichever copy loads first: were _C to load
+# the system's before torch, torch would run on libraries it was not built against (and abort
+# while importing). So a CUDA build imports torch first when torch is installed; a CPU build
+# never imports it.
+try:
+    from ._build import CUDA as _CUDA_BUILD
+except ImportError:  # a source tree without the generated file
+    _CUDA_BUILD = False
+if _CUDA_BUILD and "torch" not in _sys.modules and _ilu.find_spec("torch") is not None:
+    import torch as _torch  # noqa: F401
 
 from . import _C
 from ._C import (  # noqa: F401  (re-exported)
