@@ -70,29 +70,24 @@ def headline(model, recs):
     return lines
 
 
-def gen_section(g):
-    lines = []
-    prompts = g.get("prompts", [])
-    same = sum(1 for p in prompts if p.get("first_diff") is None)
-    lines.append(f"`{g.get('command', 'qhead generate')}` — {g.get('device', '')}, {g.get('date', '')}, "
-                 f"qhead {g.get('qhead_version', '')} ({g.get('qhead_commit') or 'commit unknown'})")
-    lines.append("")
-    keys = [k for k in ("model", "head", "embedding", "rescore", "new_tokens", "tied") if k in g]
-    lines.append(", ".join(f"{k} `{g[k]}`" for k in keys) + f"; prompts identical to dense: {same}/{len(prompts)}")
-    for k in ("summary",):
-        if isinstance(g.get(k), dict):
-            lines.append("")
-            lines.append("| figure | dense | quantized |")
-            lines.append("|---|---:|---:|")
-            s = g[k]
-            for name, label in (("tokens_per_s", "tokens/s"), ("head_share", "head's share of the step"),
-                                ("head_ms_per_step", "head ms per step"), ("table_bytes", "token table bytes"),
-                                ("head_bytes_per_step", "bytes the head reads per step")):
-                d, q = s.get(f"dense_{name}"), s.get(f"quant_{name}")
-                if d is None and q is None:
-                    continue
-                lines.append(f"| {label} | {fmt(d)} | {fmt(q)} |")
-    return lines
+def gen_rows(gens):
+    """One table over every generate result: model, device, variant, identical prompts, tokens/s,
+    the head's share, head time and bytes per step, table memory."""
+    out = ["| model | device | head | prompts identical | tokens/s dense → quantized | head share of a step | "
+           "head ms per step | head reads per step (MiB) | token table (MiB) | first differing new token |",
+           "|---|---|---|---:|---|---|---|---|---|---|"]
+    for f, g in gens:
+        d, q = g["dense"], g["quantized"]
+        head = g["head"] + (f" + rescore {g['rescore']}" if g.get("rescore") else "")
+        diffs = " ".join("-" if p["first_diff"] is None else str(p["first_diff"]) for p in g["prompts"])
+        mib = 2.0 ** 20
+        out.append(
+            f"| {g['model']['name']} | {g['device']} ({g['threads']['torch']} threads) | {head} | "
+            f"{g['identical']}/{len(g['prompts'])} × {g['new_tokens']} | {d['tokens_per_s']:.2f} → {q['tokens_per_s']:.2f} | "
+            f"{100 * d['head_share']:.1f}% → {100 * q['head_share']:.1f}% | {d['head_step_ms']:.3f} → "
+            f"{q['head_step_ms']:.3f} | {d['head_read_bytes'] / mib:.1f} → {q['head_read_bytes'] / mib:.1f} | "
+            f"{d['table_bytes'] / mib:.1f} → {q['table_bytes'] / mib:.1f} | {diffs} |")
+    return out
 
 
 def fmt(x):
@@ -150,9 +145,15 @@ def main(argv=None):
             if os.path.isfile(png):
                 out += [f"![{model}]({os.path.relpath(png, os.path.dirname(args.out))})", ""]
     if gens:
-        out += ["## Generation side by side", ""]
+        out += ["## Generation side by side (`qhead generate`)", "",
+                "Greedy decoding at batch 1, the dense model then the same model with its tied table quantized in "
+                "place (one packed copy for both roles). The head's share is the time inside the output "
+                "embedding's forward over the time of `generate`.", ""]
+        out += gen_rows(gens) + [""]
         for f, g in gens:
-            out += gen_section(g) + [""]
+            out.append(f"- `{g['command']}` — {g['date']}, qhead {g['qhead_version']}, torch {g['torch_version']}, "
+                       f"transformers {g['transformers_version']}; JSON `{os.path.relpath(f, os.path.dirname(args.out))}`.")
+        out.append("")
     out += ["## Reading the tables", "",
             "- **ties**: states whose dense top-1/top-2 margin is within the rounding bound of the dense logits (an f32 "
             "dot product over H); **flips outside ties** are the real ones. **displaced**: states where the argmax of "

@@ -544,6 +544,7 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
     for s in list(schemes) + [e for e in embedding if e != "same"]:
         qhead.Scheme(s)  # a bad name raises qhead.InvalidArgumentError naming it
     t_start = time.time()
+    commit = _git_commit()  # the source the run starts from
     capture_max = None if (n is None or capture_all) else n
     records: List[Dict[str, Any]] = []
     model_meta: Dict[str, Any] = {}
@@ -597,7 +598,7 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
             "seconds_embedding": round(t_emb, 1), "skipped": skipped,
         }
     meta = {
-        "tool": "qhead agree", "qhead_version": qhead.__version__, "qhead_commit": _git_commit(),
+        "tool": "qhead agree", "qhead_version": qhead.__version__, "qhead_commit": commit,
         "torch": torch.__version__, "transformers": _transformers_version(), "cpu": _cpu_name(),
         "threads": torch.get_num_threads(), "qhead_threads": qhead.num_threads(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
