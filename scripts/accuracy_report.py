@@ -123,6 +123,19 @@ def main(argv=None):
             recs = [r for r in d["records"] if r["model"] == model]
             head = [r for r in recs if r["embedding"] == "dense"]
             emb = [r for r in recs if r["embedding"] != "dense"]
+            if emb:
+                # A run with the embedding quantized too: its own, smaller state set.
+                out += [f"## {model}: the input embedding quantized too", "",
+                        f"The model's forward pass over the corpus again, its input embedding reading the quantized "
+                        f"table (tied: the head's own packed table), against the dense model at the same positions "
+                        f"({emb[0]['states']} corpus states; the head-only rows are the {head[0]['states']} states of "
+                        f"this run). Run: `{meta.get('command', 'qhead agree')}` — {meta['date']}; JSON "
+                        f"`{os.path.relpath(f, os.path.dirname(args.out))}`.", ""]
+                out += ["| embedding | " + agree_table(head + emb)[0][2:], "|---" + agree_table(head + emb)[1]]
+                for r, line in zip(head + emb, agree_table(head + emb)[2:]):
+                    out.append(f"| {r['embedding']} " + line)
+                out.append("")
+                continue
             out += [f"## {model}", ""]
             out += headline(model, recs) + [""]
             out += [f"- Model: `{m['model_file']}` (sha256 `{m['model_sha256']}`), V × H = {m['vocab']} × {m['hidden']}, "
@@ -140,9 +153,6 @@ def main(argv=None):
             out += ["", "### Head only, every scheme and K", ""] + agree_table(head) + [""]
             out += ["### By origin of the state (top-1 agreement %)", ""] + by_source_table(
                 [r for r in head if r["rescore"] in (0, 8)]) + [""]
-            if emb:
-                out += ["### The input embedding quantized too (tied: the same packed table), corpus states", ""]
-                out += agree_table(emb) + [""]
             png = os.path.splitext(f)[0] + ".png"
             if os.path.isfile(png):
                 out += [f"![{model}]({os.path.relpath(png, os.path.dirname(args.out))})", ""]
