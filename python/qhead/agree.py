@@ -742,6 +742,11 @@ def _ints(s: str, what: str) -> List[int]:
         raise ValueError(f"agree: {what} must be a comma list of integers, got {s!r}") from e
 
 
+def _usage_error(e: BaseException) -> None:
+    msg = str(e)
+    print("qhead " + (msg if msg.startswith("agree:") else "agree: " + msg), file=sys.stderr)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         prog="qhead agree",
@@ -801,7 +806,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ks = _ints(args.rescore, "--rescore")
         emb = [] if args.embedding in ("none", "") else _parse_list(args.embedding, "--embedding")
     except (ValueError, FileNotFoundError, qhead.Error) as e:
-        print(f"qhead agree: {e}", file=sys.stderr)
+        _usage_error(e)
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -812,7 +817,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      scale_dtype=args.scale_dtype, window=args.window, new_tokens=args.new_tokens,
                      generation=not args.no_generation, capture_all=args.capture_all)
     except (ValueError, qhead.Error) as e:
-        print(f"qhead agree: {e}", file=sys.stderr)
+        _usage_error(e)
         return 2
     result["meta"]["command"] = "qhead agree " + " ".join(shlex.quote(a) for a in (argv if argv is not None
                                                                                      else sys.argv[1:]))
