@@ -2,7 +2,7 @@
 """Writes docs/accuracy.md from the JSON that `qhead agree --json` (and `qhead generate --json`)
 wrote; every figure on the page comes from those files, which say how they were made.
 
-    python scripts/accuracy_report.py docs/accuracy/*.json [-o docs/accuracy.md]
+    python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-embedding.json docs/accuracy/generate_*.json [-o docs/accuracy.md]
 
 A file is an agree result when it has "records", a generate result when it has "prompts".
 """
@@ -163,7 +163,8 @@ def main(argv=None):
                 "embedding's forward over the time of `generate`.", ""]
         out += gen_rows(gens) + [""]
         for f, g in gens:
-            out.append(f"- `{g['command']}` — {g['date']}, qhead {g['qhead_version']}, torch {g['torch_version']}, "
+            cmd = g["command"].replace("\n", "\\n")
+            out.append(f"- `{cmd}` — {g['date']}, qhead {g['qhead_version']}, torch {g['torch_version']}, "
                        f"transformers {g['transformers_version']}; JSON `{os.path.relpath(f, os.path.dirname(args.out))}`.")
         out.append("")
     out += ["## Reading the tables", "",
@@ -180,7 +181,11 @@ def main(argv=None):
             "qhead agree --model smollm2 --threads 2 --json docs/accuracy/smollm2.json --plot docs/accuracy/smollm2.png",
             "qhead agree --model gemma3 --n 12000 --capture-all --threads 2 --json docs/accuracy/gemma3.json "
             "--plot docs/accuracy/gemma3.png",
-            "python scripts/accuracy_report.py docs/accuracy/*.json",
+            "qhead agree --model smollm2 --n 4000 --schemes w8,w4g64 --rescore 8 --embedding same --threads 2 "
+            "--json docs/accuracy/smollm2-embedding.json   # and gemma3",
+            "qhead generate --model gemma3 --head w4g64 --rescore 8 --validation --new-tokens 64 --threads 2 "
+            "--json docs/accuracy/generate_cpu_gemma3_w4g64_r8.json   # and the other generate_*.json",
+            "python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-embedding.json docs/accuracy/generate_*.json",
             "```", ""]
     tmp = args.out + ".tmp"
     with open(tmp, "w") as fh:
