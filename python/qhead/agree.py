@@ -39,12 +39,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
 import json
 import math
 import os
-import platform
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -93,20 +92,6 @@ class States:
     def subset(self, idx: Tensor) -> "States":
         return States(self.hidden[idx], self.target[idx], self.source[idx], self.part[idx], self.table,
                       dict(self.meta))
-
-
-def _git_commit() -> Optional[str]:
-    """The commit of the source tree qhead was imported from, when it is a git checkout (else None)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    for d in (here, os.getcwd()):
-        try:
-            out = subprocess.run(["git", "-C", d, "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                                 text=True, timeout=5)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    return None
 
 
 def _windows(stream: List[int], prefix: List[int], window: int) -> List[Tuple[List[int], List[int]]]:
@@ -270,9 +255,9 @@ def capture(spec: str, *, texts: Sequence[str] = (), window: int = 512, new_toke
         "corpus_sha256": corpus.corpus_sha256(), "parts": meta_parts,
         "window": window, "new_tokens": new_tokens if generation else 0, "sampling": SAMPLING,
         "max_states": max_states, "tokens_per_part": per_part,
-        "qhead_version": qhead.__version__, "qhead_commit": _git_commit(),
+        "qhead_version": qhead.__version__, "qhead_commit": qmodels.source_commit(),
         "torch": torch.__version__, "transformers": _transformers_version(),
-        "threads": torch.get_num_threads(), "cpu": _cpu_name(),
+        "threads": torch.get_num_threads(), "cpu": qmodels.cpu_name(),
         "seconds": {"load": round(t_load, 2), "teacher_forced": round(t_tf, 2), "generation": round(t_gen, 2)},
         "states_teacher_forced": n_tf,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -285,8 +270,6 @@ def capture(spec: str, *, texts: Sequence[str] = (), window: int = 512, new_toke
 
 
 def _sha256_text(t: str) -> str:
-    import hashlib
-
     return hashlib.sha256(t.encode("utf-8")).hexdigest()
 
 
@@ -312,17 +295,6 @@ def _transformers_version() -> Optional[str]:
         return transformers.__version__
     except ImportError:
         return None
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def save_states(st: States, path: str) -> None:
@@ -377,8 +349,6 @@ def default_states_path(spec: str, texts: Sequence[str], window: int, new_tokens
            corpus.corpus_sha256(), str(window), str(new_tokens if generation else 0), str(max_states)]
     for p in texts:
         with open(p, "rb") as f:
-            import hashlib
-
             key.append(hashlib.sha256(f.read()).hexdigest())
     tag = _sha256_text("|".join(key))[:16]
     return os.path.join(state_cache(), f"{ref.name}-{tag}.safetensors")
@@ -544,7 +514,7 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
     for s in list(schemes) + [e for e in embedding if e != "same"]:
         qhead.Scheme(s)  # a bad name raises qhead.InvalidArgumentError naming it
     t_start = time.time()
-    commit = _git_commit()  # the source the run starts from
+    commit = qmodels.source_commit()  # the source the run starts from
     capture_max = None if (n is None or capture_all) else n
     records: List[Dict[str, Any]] = []
     model_meta: Dict[str, Any] = {}
@@ -599,7 +569,7 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
         }
     meta = {
         "tool": "qhead agree", "qhead_version": qhead.__version__, "qhead_commit": commit,
-        "torch": torch.__version__, "transformers": _transformers_version(), "cpu": _cpu_name(),
+        "torch": torch.__version__, "transformers": _transformers_version(), "cpu": qmodels.cpu_name(),
         "threads": torch.get_num_threads(), "qhead_threads": qhead.num_threads(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "seconds": round(time.time() - t_start, 1),

@@ -41,7 +41,6 @@ import argparse
 import datetime
 import gc
 import os
-import platform
 import shlex
 import sys
 import time
@@ -273,15 +272,7 @@ def _device_name(device: str) -> str:
         import torch
 
         return f"cuda: {torch.cuda.get_device_name(torch.device(device))}"
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    name = qmodels.cpu_name()
     return f"cpu: {name}"
 
 
@@ -361,9 +352,11 @@ def run(model_spec: str, head: Optional[str] = "w4g64", embedding: Optional[str]
     sha = qmodels.file_sha256(ref.path) if os.path.isfile(ref.path) else None
     return {
         "qhead_version": qhead.__version__,
+        "qhead_commit": qmodels.source_commit(),
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
-        "model": {"spec": model_spec, "name": ref.name, "kind": ref.kind, "path": ref.path, "sha256": sha,
+        "model": {"spec": model_spec, "name": ref.name, "kind": ref.kind, "file": os.path.basename(ref.path),
+                  "sha256": sha,
                   "vocab": vocab, "hidden": hidden, "tied": tied, "dtype": "float32"},
         "head": hs, "embedding": es, "rescore": rescore, "dense_rows": dense_rows,
         "new_tokens": new_tokens, "batch": 1,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["KNOWN", "ModelRef", "resolve", "unavailable", "load", "Encoder", "SpmEncoder", "file_sha256",
-           "model_cache", "rss", "to_heap"]
+           "model_cache", "rss", "to_heap", "cpu_name", "source_commit"]
 
 # The two real models: spec -> GGUF file name in the model cache.
 KNOWN: Dict[str, str] = {
@@ -328,6 +328,37 @@ def rss() -> Dict[str, int]:
             if k in ("VmRSS", "RssAnon", "RssFile"):
                 out[{"VmRSS": "total", "RssAnon": "anon", "RssFile": "file"}[k]] = int(v.split()[0]) * 1024
     return out
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), for the records the tools write."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def source_commit() -> Optional[str]:
+    """The git commit of the source tree qhead was imported from (or of the working directory),
+    None outside a checkout: the records say which code made them."""
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    for d in (here, os.getcwd()):
+        try:
+            out = subprocess.run(["git", "-C", d, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                 text=True, timeout=5)
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    return None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
