@@ -1,11 +1,10 @@
 // qhead bench — measures every path on the same tables and prints them as a
 // Markdown table (rows: shape × scheme × M; columns: paths) ending with one
-// verdict line per (shape, scheme), or, with --json, a JSON array with one
-// object per (shape, scheme, m, path) plus the "ceiling" objects and one
-// "verdict" object per (shape, scheme); every object carries the version,
-// commit, device, command and date of the run. The measurements live in
-// src/bench/ (CPU) and src/cuda/ (CUDA); this file parses options and prints,
-// for both devices.
+// verdict line per (shape, scheme), or, with --json, one self-describing
+// document (bench_document: version, commit, device, command, date) whose
+// rows are one object per (shape, scheme, m, path) plus the "ceiling" objects
+// and one "verdict" object per (shape, scheme). The measurements live in
+// tools/bench/; this file parses options and prints, for both devices.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -262,15 +261,18 @@ BenchContext bench_context(const BenchArgs& a) {
   if (a.device == "cuda") {
     const std::string name = cuda::available() ? cuda::device_name() : "";
     c.device = "cuda: " + (name.empty() ? std::string("no device") : name);
+    if (cuda::available()) c.facts = bench::describe_cuda();
   } else {
     const std::string model = cpu_model();
-    c.device = fmt::format("cpu: {}, {} threads", model.empty() ? "unknown model" : model,
-                           a.threads > 0 ? a.threads : default_num_threads());
+    const int threads = a.threads > 0 ? a.threads : default_num_threads();
+    c.device = fmt::format("cpu: {}, {} threads", model.empty() ? "unknown model" : model, threads);
+    c.facts = bench::describe_cpu(threads);
+    c.facts.insert(c.facts.begin(), {"model", model.empty() ? "unknown" : model});
   }
   return c;
 }
 
-nlohmann::json bench_row_json(const bench::BenchRow& r, const BenchContext& ctx) {
+nlohmann::json bench_row_json(const bench::BenchRow& r) {
   nlohmann::json j = {{"shape", r.shape}, {"scheme", r.scheme}, {"m", r.m}, {"path", r.path}};
   if (r.measured) {
     j["us_median"] = r.us_median;
@@ -280,6 +282,7 @@ nlohmann::json bench_row_json(const bench::BenchRow& r, const BenchContext& ctx)
   } else {
     j["measured"] = false;
   }
+  if (!r.kernel.empty()) j["kernel"] = r.kernel;
   if (r.read_ceiling_fraction) j["read_ceiling_fraction"] = *r.read_ceiling_fraction;
   if (r.host_us) j["host_us"] = *r.host_us;
   if (!r.act.empty()) j["act"] = r.act;
@@ -287,12 +290,18 @@ nlohmann::json bench_row_json(const bench::BenchRow& r, const BenchContext& ctx)
   if (r.max_abs_err) j["max_abs_err"] = *r.max_abs_err;
   if (r.max_abs_logit) j["max_abs_logit"] = *r.max_abs_logit;
   if (!r.note.empty()) j["note"] = r.note;
-  j["version"] = version();
-  j["commit"] = git_commit();
-  j["device"] = ctx.device;
-  j["command"] = ctx.command;
-  j["date"] = ctx.date;
   return j;
+}
+
+nlohmann::json bench_document(const BenchContext& ctx, nlohmann::json rows) {
+  nlohmann::json device = nlohmann::json::object();
+  device["summary"] = ctx.device;
+  for (const auto& [k, v] : ctx.facts) device[k] = v;
+  return {{"qhead", {{"version", version()}, {"commit", git_commit()}}},
+          {"device", device},
+          {"command", ctx.command},
+          {"date", ctx.date},
+          {"rows", std::move(rows)}};
 }
 
 int run_bench(const BenchArgs& a) {
@@ -350,7 +359,7 @@ int run_bench(const BenchArgs& a) {
     nlohmann::json arr = nlohmann::json::array();
     int slower = 0, fused_rows = 0;
     for (const auto& r : rows) {
-      nlohmann::json j = bench_row_json(r, ctx);
+      nlohmann::json j = bench_row_json(r);
       if (r.path == "fused" && r.measured) {
         const double vs = fused_vs_dense(ix, {r.shape, r.scheme, r.m});
         if (vs > 0) {
@@ -369,7 +378,7 @@ int run_bench(const BenchArgs& a) {
       vr.m = std::get<2>(v.key);
       vr.path = "verdict";
       vr.measured = false;  // a summary of other rows, no timing of its own
-      nlohmann::json j = bench_row_json(vr, ctx);
+      nlohmann::json j = bench_row_json(vr);
       j.erase("measured");
       j["read_ceiling_fraction"] = v.fraction;
       j["ceiling_gbps"] = v.ceiling_gbps;
@@ -380,7 +389,7 @@ int run_bench(const BenchArgs& a) {
       j["line"] = verdict_line(v, a.device);
       arr.push_back(j);
     }
-    fmt::print("{}\n", arr.dump(2));
+    fmt::print("{}\n", bench_document(ctx, std::move(arr)).dump(2));
   } else {
     print_markdown(cfg, ctx, rows);
   }

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "commands.h"
-#include "dist/bench_tp.h"
+#include "bench/bench_tp.h"
 #include "qhead/dist.h"
 #include "qhead/error.h"
 #include "qhead/scheme.h"
@@ -164,8 +164,8 @@ int run_bench_tp(const BenchArgs& a) {
   if (a.json) {
     nlohmann::json arr = nlohmann::json::array();
     const BenchContext ctx = bench_context(a);
-    for (const auto& r : rows) arr.push_back(bench_row_json(r, ctx));
-    fmt::print("{}\n", arr.dump(2));
+    for (const auto& r : rows) arr.push_back(bench_row_json(r));
+    fmt::print("{}\n", bench_document(ctx, std::move(arr)).dump(2));
   } else {
     print_markdown(a.tp, cfg.k, rows);
   }

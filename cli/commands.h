@@ -4,6 +4,8 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+
+#include "bench/bench.h"
 #include <optional>
 #include <string>
 #include <vector>
@@ -99,13 +101,16 @@ std::vector<std::string> split(const std::string& s, char sep);
 // the date (UTC), beside the version and commit of the binary (version.h).
 struct BenchContext {
   std::string device;   // "cpu: AMD EPYC 9454, 2 threads" | "cuda: NVIDIA H200"
+  bench::DeviceFacts facts;  // the device in detail (bench::describe_cpu / describe_cuda)
   std::string command;  // the command line, shell-quoted
   std::string date;     // "2026-01-31T12:00:00Z"
 };
 BenchContext bench_context(const BenchArgs& a);
-// One benchmark row as the stable `--json` object (`qhead bench`, `qhead bench --tp`),
-// with the run's version, commit, device, command and date.
-nlohmann::json bench_row_json(const bench::BenchRow& r, const BenchContext& ctx);
+// One benchmark row as the stable `--json` object (`qhead bench`, `qhead bench --tp`).
+nlohmann::json bench_row_json(const bench::BenchRow& r);
+// The document `--json` prints: {"qhead": {"version", "commit"}, "device": {...},
+// "command", "date", "rows": [...]} — every file a run writes describes itself.
+nlohmann::json bench_document(const BenchContext& ctx, nlohmann::json rows);
 
 // Whether `p` is a directory; a path stat cannot resolve (a link loop, no
 // permission) is a qhead::Error (kIo), not a std::filesystem exception.

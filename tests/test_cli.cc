@@ -400,13 +400,19 @@ TEST_F(Cli, BenchVerdictOnTinyShape) {
 
   const CliRun j = run("bench --json --shape 256x64 --m 1 --reps 3 --threads 2");
   ASSERT_EQ(j.status, 0) << j.err;
-  const auto a = nlohmann::json::parse(j.out);
+  const auto doc = nlohmann::json::parse(j.out);
+  for (const char* k : {"version", "commit"})
+    EXPECT_TRUE(doc["qhead"][k].is_string() && !doc["qhead"][k].get<std::string>().empty()) << k << ": " << doc["qhead"];
+  for (const char* k : {"command", "date"})
+    EXPECT_TRUE(doc[k].is_string() && !doc[k].get<std::string>().empty()) << k;
+  for (const char* k : {"summary", "model", "isa", "threads"})
+    EXPECT_TRUE(doc["device"][k].is_string() && !doc["device"][k].get<std::string>().empty()) << k << ": " << doc["device"];
+  EXPECT_EQ(doc["device"]["threads"], "2");
+  EXPECT_NE(doc["command"].get<std::string>().find("bench --json --shape 256x64"), std::string::npos);
+  const auto& a = doc["rows"];
   std::set<std::string> paths;
   for (const auto& r : a) {
     paths.insert(r["path"].get<std::string>());
-    for (const char* k : {"version", "commit", "device", "command", "date"})
-      EXPECT_TRUE(r[k].is_string() && !r[k].get<std::string>().empty()) << k << ": " << r;
-    EXPECT_NE(r["command"].get<std::string>().find("bench --json --shape 256x64"), std::string::npos);
     if (r.contains("measured")) {
       EXPECT_FALSE(r.contains("us_median")) << r;
       EXPECT_EQ(r["note"].get<std::string>().rfind("n/a: ", 0), 0u) << r;

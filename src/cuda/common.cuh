@@ -27,6 +27,17 @@ inline void check(cudaError_t e, const char* what, const char* file, int line) {
 
 cudaStream_t current_stream();
 
+// Lets Kernel use `bytes` of dynamic shared memory; the attribute is set once
+// per kernel (the first call's bytes: every launcher passes a constant).
+template <auto Kernel>
+void allow_dynamic_smem(int bytes) {
+  static const bool once = [&] {
+    QHEAD_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    return true;
+  }();
+  (void)once;
+}
+
 // Multiprocessors of the current device (read once).
 inline int sm_count() {
   static int n = [] {

@@ -31,6 +31,22 @@ void logits(const Table&, const TensorView&, const TensorView&, Backend) { no_cu
 void topk(const Table&, const TensorView&, int64_t, const TensorView&, const TensorView&, const TensorView&, Backend) {
   no_cuda("topk");
 }
+const cuda_plan::DeviceInfo& device_info() { no_cuda("cuda device"); }
+cuda_plan::LogitsProblem logits_problem(const Table&, const TensorView&) { no_cuda("logits"); }
+cuda_plan::LogitsPlan plan_logits(const Table&, const TensorView&, Backend, const cuda_plan::LogitsOverrides&) {
+  no_cuda("logits");
+}
+cuda_plan::TopkPlan plan_topk(const Table&, const TensorView&, int64_t, Backend, const cuda_plan::LogitsOverrides&) {
+  no_cuda("topk");
+}
+cuda_plan::LogitsPlan run_logits(const Table&, const TensorView&, const TensorView&, Backend,
+                                 const cuda_plan::LogitsOverrides&) {
+  no_cuda("logits");
+}
+cuda_plan::TopkPlan run_topk(const Table&, const TensorView&, int64_t, const TensorView&, const TensorView&,
+                             const TensorView&, Backend, const cuda_plan::LogitsOverrides&) {
+  no_cuda("topk");
+}
 void rescore(const Table&, const TensorView&, const TensorView&, const TensorView&, const TensorView&) {
   no_cuda("rescore");
 }

@@ -5,7 +5,6 @@
 #include <cstdlib>
 #include <string>
 
-#include "dist/bench_tp.h"
 #include "qhead/dist.h"
 #include "qhead/error.h"
 
@@ -52,6 +51,5 @@ void topk(const Comm&, const ShardedTable&, const TensorView&, int64_t, const Te
 }
 TopK topk(const Comm&, const ShardedTable&, const TensorView&, int64_t) { no_nccl("dist.topk"); }
 
-std::vector<bench::BenchRow> run_tp_bench(const bench::BenchConfig&, const Comm&) { no_nccl("bench.tp"); }
 
 }  // namespace qhead::dist

@@ -631,4 +631,8 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
   return rows;
 }
 
+DeviceFacts describe_cpu(int threads) {
+  return {{"isa", cpu_isa_name(active_cpu_isa())}, {"threads", std::to_string(threads)}};
+}
+
 }  // namespace qhead::bench

@@ -1,5 +1,5 @@
-// qhead bench — the measurements behind `qhead bench` (internal to the CLI,
-// built into the library so the CUDA build can provide its own runner).
+// qhead bench — the measurements behind `qhead bench` (tools/bench/: a tool
+// that links the library, not part of it; the CLI prints its rows).
 //
 // One run measures, for each (shape, scheme, M), every path a user could take
 // — dense BLAS on the full-precision table, fallback (dequantize + BLAS),
@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace qhead::bench {
@@ -40,7 +41,7 @@ std::vector<BenchCase> default_cases();
 
 // One measurement. JSON field names are stable (scripts depend on them):
 // shape, scheme, m, path, us_median, gbps, bw_fraction, speedup_vs_dense,
-// and, when known, read_ceiling_fraction, matrix_fraction, note. A baseline
+// and, when known, kernel, read_ceiling_fraction, matrix_fraction, note. A baseline
 // the run cannot measure is one run-level row (shape "", measured = false)
 // whose note says why.
 struct BenchRow {
@@ -67,8 +68,16 @@ struct BenchRow {
   // first kernel starts: argument checks, dispatch, launches).
   std::optional<double> host_us;
   std::string act;  // CUDA: the activation dtype of the row ("f16", "bf16"); "" for the CPU's f32
+  std::string kernel;  // CUDA: the kernel that ran (cuda_plan::logits_kernel_name; top-k: "path:kernel")
   std::string note;               // cache residency, copies rotated, caveats
 };
+
+// What the run measured on, as (key, value) pairs for the JSON's "device":
+// CUDA: name, compute capability, multiprocessors, memory, driver and
+// runtime versions, clocks as found; CPU: model, ISA the kernels use, threads.
+using DeviceFacts = std::vector<std::pair<std::string, std::string>>;
+DeviceFacts describe_cpu(int threads);
+DeviceFacts describe_cuda();
 
 std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg);
 // Built with CUDA: src/cuda/; without: throws Error(kUnsupported, "bench", "built without CUDA").

@@ -5,7 +5,7 @@
 // is the slowest rank's; medians over the reps. L2 (60 MB on the H200) is
 // defeated as in `qhead bench --device cuda`: each rank rotates among copies
 // of its shard totalling at least 4× L2.
-#include "dist/bench_tp.h"
+#include "bench/bench_tp.h"
 
 #include <cuda_runtime.h>
 

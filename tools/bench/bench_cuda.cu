@@ -10,13 +10,13 @@
 // Activations, scales and the dense table are f16, or bf16 with --act bf16
 // (BenchConfig::act; the matrix ceiling stays f16, the same rate on Hopper).
 // Paths: dense (cuBLAS GEMM on the unquantized f16/bf16 table), fallback
-// (dequantize + cuBLAS), fused (our kernel), fused_v7 (M <= 16: the
-// register-ring kernel the staged one replaces), fused_gemv / fused_mma /
-// fused_wgmma (M >= 9: each fused kernel family forced, logits.cuh's
-// environment switches), fused_topk (qhead::topk
-// kFused, k = 50, + lse: the fused epilogue where it applies),
-// logits_then_topk (kAuto logits into memory, then the separate top-k: what
-// topk's kAuto runs).
+// (dequantize + cuBLAS), fused (Backend::kFused: the kernel the plan picks),
+// fused_<kernel> (each other logits kernel that takes the shape, forced
+// through LogitsOverrides: gemv_regring, gemv_staged, gemm_mma_sync,
+// gemm_wgmma, gemm_wgmma_ws), fused_topk (qhead::topk kFused, k = 50, + lse:
+// the fused epilogue where it applies), logits_then_topk (logits into memory,
+// then the separate top-k). Every row names the kernel that ran (`kernel`:
+// the plan, src/cuda/plan.h).
 // L2 (60 MB) is defeated by rotating among enough table copies that they
 // total at least 4× the L2.
 #include <algorithm>
@@ -26,8 +26,7 @@
 #include <vector>
 
 #include "bench/bench.h"
-#include "common.cuh"
-#include "logits.cuh"
+#include "cuda/common.cuh"
 #include "ops/ops_cuda.h"
 #include "qhead/cuda.h"
 #include "qhead/ops.h"
@@ -164,6 +163,29 @@ void fill_act(void* p, DType t, int64_t n, uint64_t seed, float amp, cudaStream_
 }
 
 }  // namespace
+
+DeviceFacts describe_cuda() {
+  int dev = 0, driver = 0, runtime = 0, clock_khz = 0, mem_clock_khz = 0;
+  QHEAD_CUDA_CHECK(cudaGetDevice(&dev));
+  cudaDeviceProp prop;
+  QHEAD_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  QHEAD_CUDA_CHECK(cudaDriverGetVersion(&driver));
+  QHEAD_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  // Clocks as found (not locked): the SM and memory clocks the device reports.
+  cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, dev);
+  cudaDeviceGetAttribute(&mem_clock_khz, cudaDevAttrMemoryClockRate, dev);
+  (void)cudaGetLastError();  // an attribute this runtime no longer reports stays 0
+  auto ver = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+  return {{"name", prop.name},
+          {"compute_capability", std::to_string(prop.major) + "." + std::to_string(prop.minor)},
+          {"multiprocessors", std::to_string(prop.multiProcessorCount)},
+          {"memory_gib", std::to_string(double(prop.totalGlobalMem) / double(1ull << 30))},
+          {"l2_mib", std::to_string(prop.l2CacheSize >> 20)},
+          {"driver", ver(driver)},
+          {"runtime", ver(runtime)},
+          {"sm_clock_mhz", clock_khz ? std::to_string(clock_khz / 1000) : "unknown"},
+          {"memory_clock_mhz", mem_clock_khz ? std::to_string(mem_clock_khz / 1000) : "unknown"}};
+}
 
 std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
   if (!cuda::available()) throw Error(ErrorCode::kUnsupported, "bench", "no CUDA device visible");
@@ -305,54 +327,53 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
         logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFallbackBlas);
       }, std::min(reps, 10));
       add("fallback", fb_us, double(table_bytes), dense_us, "dequantize to " + cfg.act + " + cuBLAS");
-      const double fused_us = median_us([&](int i) {
-        logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);
-      }, reps);
-      add("fused", fused_us, double(table_bytes), dense_us, "the fused kernel itself (Backend::kFused)");
-      // The fused call with up to two of logits.cuh's environment switches set: each kernel
-      // family at this M, same run.
-      auto variant = [&](const char* path, const char* n1, const char* v1, const char* n2, const char* v2,
-                         const std::string& note) {
-        setenv(n1, v1, 1);
-        if (n2) setenv(n2, v2, 1);
-        const double us = median_us([&](int i) {
-          logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused);
+      using cuda_plan::LogitsKernel;
+      using cuda_plan::LogitsOverrides;
+      const LogitsOverrides defaults;  // the plan's own choice, whatever the environment says
+      auto timed_logits = [&](const LogitsOverrides& ov, cuda_plan::LogitsPlan& plan) {
+        return median_us([&](int i) {
+          plan = cuda_ops::run_logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused, ov);
         }, reps);
-        unsetenv(n1);
-        if (n2) unsetenv(n2);
-        add(path, us, double(table_bytes), dense_us, note);
       };
-      if (M <= 16)  // the register-ring kernel (v7) that the staged one (v8/v12) replaces
-        variant("fused_v7", "QHEAD_CUDA_STAGED", "0", nullptr, nullptr, "the register-ring kernel (QHEAD_CUDA_STAGED=0)");
-      if (M >= 9) {
-        variant("fused_gemv", "QHEAD_CUDA_GEMM", "0", nullptr, nullptr, "the GEMV kernels (QHEAD_CUDA_GEMM=0)");
-        variant("fused_mma", "QHEAD_CUDA_GEMM_MIN_M", "1", "QHEAD_CUDA_WGMMA", "0",
-                "the mma.sync GEMM (QHEAD_CUDA_GEMM_MIN_M=1 QHEAD_CUDA_WGMMA=0)");
-        if (cuda_detail::device_has_wgmma())
-          variant("fused_wgmma", "QHEAD_CUDA_GEMM_MIN_M", "1", "QHEAD_CUDA_WGMMA_MIN_M", "1",
-                  "the wgmma GEMM (QHEAD_CUDA_GEMM_MIN_M=1 QHEAD_CUDA_WGMMA_MIN_M=1)");
+      cuda_plan::LogitsPlan fused_plan;
+      const double fused_us = timed_logits(defaults, fused_plan);
+      add("fused", fused_us, double(table_bytes), dense_us, "the fused kernel the plan picks (Backend::kFused): " +
+          fused_plan.describe());
+      rows.back().kernel = cuda_plan::logits_kernel_name(fused_plan.kernel);
+      // Every other fused kernel that takes this shape, forced, same run.
+      for (LogitsKernel k : {LogitsKernel::kGemvRegRing, LogitsKernel::kGemvStaged, LogitsKernel::kGemmMmaSync,
+                             LogitsKernel::kGemmWgmma, LogitsKernel::kGemmWgmmaWs}) {
+        if (k == fused_plan.kernel) continue;
+        LogitsOverrides ov;
+        ov.kernel = k;
+        const cuda_plan::LogitsPlan want = cuda_ops::plan_logits(tables[0], x.view(), Backend::kFused, ov);
+        if (want.kernel != k) continue;  // the kernel cannot take this shape
+        cuda_plan::LogitsPlan plan;
+        const double us = timed_logits(ov, plan);
+        add(std::string("fused_") + cuda_plan::logits_kernel_name(k), us, double(table_bytes), dense_us,
+            "forced through LogitsOverrides: " + plan.describe());
+        rows.back().kernel = cuda_plan::logits_kernel_name(plan.kernel);
       }
-      if (cuda_detail::device_has_wgmma() && M >= cuda_detail::wgmma_min_m()) {  // the two wgmma kernels
-        variant("fused_wgmma_v11", "QHEAD_CUDA_WGMMA_WS", "0", nullptr, nullptr,
-                "the CTA-barrier wgmma GEMM (QHEAD_CUDA_WGMMA_WS=0)");
-        variant("fused_wgmma_ws", "QHEAD_CUDA_WGMMA_WS_MIN_M", "1", nullptr, nullptr,
-                "the warp-specialized wgmma GEMM (QHEAD_CUDA_WGMMA_WS_MIN_M=1)");
-      }
+      cuda_plan::TopkPlan topk_plan;
       const double topk_us = median_us([&](int i) {
-        topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(), Backend::kFused);
+        topk_plan = cuda_ops::run_topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(),
+                                       Backend::kFused, defaults);
       }, reps);
       add("fused_topk", topk_us, double(table_bytes), dense_us,
-          "k = " + std::to_string(k) + "; qhead::topk (kFused), no [M, V] logits: M <= 8 the staged kernel's top-k + "
-          "lse epilogue + merge; above M = 64 on sm_90 the sampled threshold (sample logits + selection), the v14 "
-          "list epilogue and the list merge; else the fused logits + slice selection + merge");
+          "k = " + std::to_string(k) + "; qhead::topk (kFused) + lse: " + topk_plan.describe());
+      rows.back().kernel = std::string(cuda_plan::topk_path_name(topk_plan.path)) + ":" +
+                           cuda_plan::logits_kernel_name(topk_plan.main.kernel);
+      LogitsOverrides separate;
+      separate.topk_path = cuda_plan::TopkPath::kLogitsThenSelect;
       const double sep_us = median_us([&](int i) {
-        cuda_ops::topk_separate(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(),
-                                Backend::kAuto);
+        topk_plan = cuda_ops::run_topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(),
+                                       Backend::kAuto, separate);
       }, reps);
       add("logits_then_topk", sep_us, double(table_bytes), dense_us,
-          "k = " + std::to_string(k) + "; logits, then a separate top-k (what qhead::topk (kAuto) runs except from "
-          "M = 192 on sm_90 with V >= 32768, where it takes fused_topk's list epilogue): kAuto logits into [M, V] "
-          "(fused; above M = 64 only the GEMM, else dequant + cuBLAS), then slice selection + merge");
+          "k = " + std::to_string(k) + "; kAuto logits into [M, V], then slice selection + merge: " +
+              topk_plan.describe());
+      rows.back().kernel = std::string(cuda_plan::topk_path_name(topk_plan.path)) + ":" +
+                           cuda_plan::logits_kernel_name(topk_plan.main.kernel);
     }
   }
   QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));

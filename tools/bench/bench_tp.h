@@ -1,4 +1,4 @@
-// `qhead bench --device cuda --tp N` inside one rank (src/dist/bench_tp.cc;
+// `qhead bench --device cuda --tp N` inside one rank (tools/bench/bench_tp.cc;
 // without NCCL it throws kUnsupported).
 #pragma once
 

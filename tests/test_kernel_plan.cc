@@ -1,0 +1,269 @@
+// The CUDA kernel plan (src/cuda/plan.h): the selector is a pure function of
+// the problem, the device and the overrides, so its table is checked here
+// without a GPU, on an H200 (sm_90) and an A100-like sm_80 device. The GPU
+// tests (test_cuda.cc) check that the kernel each plan names is the one that
+// runs and that its output is right.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "cuda/plan.h"
+#include "qhead/error.h"
+
+namespace qhead::cuda_plan {
+namespace {
+
+LogitsProblem problem(int bits, int group, int64_t V, int64_t H, int64_t M, bool sym = true, bool bf16 = false) {
+  LogitsProblem p;
+  p.bits = bits;
+  p.group = group;
+  p.symmetric = sym;
+  p.act_bf16 = bf16;
+  p.V = V;
+  p.H = H;
+  p.M = M;
+  return p;
+}
+
+DeviceInfo sm80() {
+  DeviceInfo d;
+  d.cc_major = 8;
+  d.sm_count = 108;
+  d.smem_optin = 166912;
+  d.smem_per_sm = 167936;
+  return d;
+}
+
+LogitsPlan pick(const LogitsProblem& p, const DeviceInfo& d = DeviceInfo::h200(), Backend b = Backend::kAuto,
+                const LogitsOverrides& ov = {}) {
+  return select_logits_kernel(p, d, ov, b);
+}
+
+TEST(KernelPlan, NamesRoundTrip) {
+  for (LogitsKernel k : {LogitsKernel::kGemvRegRing, LogitsKernel::kGemvStaged, LogitsKernel::kGemmMmaSync,
+                         LogitsKernel::kGemmWgmma, LogitsKernel::kGemmWgmmaWs, LogitsKernel::kCublasFallback})
+    EXPECT_EQ(parse_logits_kernel(logits_kernel_name(k), "test"), k);
+  for (TopkPath t : {TopkPath::kPoolEpilogue, TopkPath::kLists, TopkPath::kLogitsThenSelect})
+    EXPECT_EQ(parse_topk_path(topk_path_name(t), "test"), t);
+}
+
+// The H200 table for the 151936 × 1024 w4g64 head (architecture.md#kernel-plan).
+TEST(KernelPlan, H200LogitsByM) {
+  struct Row {
+    int64_t M;
+    LogitsKernel kernel;
+    int col_tiles, block_cols;
+  };
+  const Row rows[] = {
+      {1, LogitsKernel::kGemvStaged, 1, 0},    {8, LogitsKernel::kGemvStaged, 1, 0},
+      {9, LogitsKernel::kGemvStaged, 2, 0},    {16, LogitsKernel::kGemvStaged, 2, 0},
+      {17, LogitsKernel::kGemmMmaSync, 4, 32}, {32, LogitsKernel::kGemmMmaSync, 4, 32},
+      {33, LogitsKernel::kGemmWgmma, 0, 64},   {64, LogitsKernel::kGemmWgmma, 0, 64},
+      {65, LogitsKernel::kGemmWgmmaWs, 0, 128}, {256, LogitsKernel::kGemmWgmmaWs, 0, 128},
+  };
+  for (const Row& r : rows) {
+    const LogitsPlan plan = pick(problem(4, 64, 151936, 1024, r.M));
+    SCOPED_TRACE(plan.describe());
+    EXPECT_EQ(plan.kernel, r.kernel) << "M=" << r.M;
+    EXPECT_EQ(plan.col_tiles, r.col_tiles);
+    EXPECT_EQ(plan.block_cols, r.block_cols);
+    EXPECT_TRUE(plan.note.empty());
+    EXPECT_NE(std::string(plan.reason), "");
+  }
+  // The staged GEMV's layout for this shape: 128-byte stages, a group of two 16-byte segments.
+  const LogitsPlan s = pick(problem(4, 64, 151936, 1024, 1));
+  EXPECT_EQ(s.stage_bytes, 128);
+  EXPECT_EQ(s.group_segs, 2);
+  EXPECT_FALSE(s.x_prebuilt);
+  EXPECT_GT(s.smem_bytes, 0);
+  // The warp-specialized GEMM's 4-bit stages are 64 bytes, 8-bit ones 128.
+  EXPECT_EQ(pick(problem(4, 64, 151936, 1024, 256)).stage_bytes, 64);
+  EXPECT_EQ(pick(problem(8, 128, 151936, 1024, 256)).stage_bytes, 128);
+}
+
+TEST(KernelPlan, Sm80HasNoWgmma) {
+  for (int64_t M : {17, 33, 64, 65, 256}) {
+    const LogitsPlan plan = pick(problem(4, 64, 151936, 1024, M), sm80());
+    EXPECT_EQ(plan.kernel, LogitsKernel::kGemmMmaSync) << M;
+    EXPECT_EQ(plan.col_tiles, M <= 32 ? 4 : 8) << M;
+  }
+  EXPECT_EQ(pick(problem(4, 64, 151936, 1024, 1), sm80()).kernel, LogitsKernel::kGemvStaged);
+}
+
+TEST(KernelPlan, GroupLayoutsTheGemmsCannotTake) {
+  // 4-bit per row, H = 1056: 528-byte rows are neither whole 64- nor 128-byte stages, so
+  // only the register ring takes it; kAuto gives M > 64 to cuBLAS, kFused keeps the GEMV.
+  const LogitsProblem p = problem(4, 1056, 50257, 1056, 1);
+  EXPECT_EQ(pick(p).kernel, LogitsKernel::kGemvRegRing);
+  LogitsProblem big = p;
+  big.M = 256;
+  EXPECT_EQ(pick(big).kernel, LogitsKernel::kCublasFallback);
+  const LogitsPlan fused = pick(big, DeviceInfo::h200(), Backend::kFused);
+  EXPECT_EQ(fused.kernel, LogitsKernel::kGemvRegRing);
+  EXPECT_EQ(fused.col_tiles, 8);
+  EXPECT_EQ(fused.stages, 2);
+  // 8-bit per row, H = 1088: 1088-byte rows are whole 64-byte stages but not 128-byte ones,
+  // so above M = 64 the CTA-barrier wgmma GEMM runs, groups spanning 17 stages.
+  const LogitsPlan w8 = pick(problem(8, 1088, 50257, 1088, 65));
+  EXPECT_EQ(w8.kernel, LogitsKernel::kGemmWgmma);
+  EXPECT_EQ(w8.block_cols, 128);
+  EXPECT_EQ(w8.group_segs, 0);
+  EXPECT_EQ(w8.stages_per_group, 17);
+}
+
+TEST(KernelPlan, RegisterRingConfigurations) {
+  struct Row {
+    int bits, group;
+    int64_t M;
+    int piece, rt, nt, d, w;
+  };
+  // Per-row 4-bit H = 1056 (528-byte groups: 4-byte pieces), per-row 8-bit (1056 bytes:
+  // 8-byte pieces), 4-bit g128 of H = 1024 (64-byte groups: 16-byte pieces).
+  const Row rows[] = {
+      {4, 1056, 1, 4, 2, 1, 4, 4},  {4, 1056, 9, 4, 1, 2, 4, 8}, {4, 1056, 17, 4, 1, 4, 4, 8},
+      {4, 1056, 33, 4, 1, 8, 2, 8}, {4, 128, 1, 16, 2, 2, 4, 4}, {4, 128, 16, 16, 2, 2, 4, 4},
+      {8, 1056, 1, 8, 1, 1, 4, 8},  {8, 1056, 16, 8, 1, 2, 4, 8},
+  };
+  for (const Row& r : rows) {
+    LogitsOverrides ov;
+    ov.kernel = LogitsKernel::kGemvRegRing;
+    const int64_t H = r.group == 128 ? 1024 : 1056;
+    const LogitsPlan plan = pick(problem(r.bits, r.group, 50257, H, r.M), DeviceInfo::h200(), Backend::kFused, ov);
+    SCOPED_TRACE(plan.describe());
+    ASSERT_EQ(plan.kernel, LogitsKernel::kGemvRegRing);
+    EXPECT_EQ(plan.piece_bytes, r.piece);
+    EXPECT_EQ(plan.row_tiles, r.rt);
+    EXPECT_EQ(plan.col_tiles, r.nt);
+    EXPECT_EQ(plan.stages, r.d);
+    EXPECT_EQ(plan.warps, r.w);
+  }
+}
+
+TEST(KernelPlan, SchemesWithoutAFusedKernel) {
+  // 8-bit groups of 16 (L = 4 only), 4-bit groups of 8, 2-bit codes, a dense table, kFallbackBlas.
+  EXPECT_EQ(pick(problem(8, 16, 1000, 1024, 1)).kernel, LogitsKernel::kCublasFallback);
+  EXPECT_EQ(pick(problem(4, 8, 1000, 1024, 1)).kernel, LogitsKernel::kCublasFallback);
+  EXPECT_EQ(pick(problem(2, 64, 1000, 1024, 1)).kernel, LogitsKernel::kCublasFallback);
+  LogitsProblem dense = problem(4, 64, 1000, 1024, 1);
+  dense.packed = false;
+  EXPECT_EQ(pick(dense, DeviceInfo::h200(), Backend::kFused).kernel, LogitsKernel::kCublasFallback);
+  EXPECT_EQ(pick(problem(4, 64, 1000, 1024, 1), DeviceInfo::h200(), Backend::kFallbackBlas).kernel,
+            LogitsKernel::kCublasFallback);
+}
+
+TEST(KernelPlan, OverridesForceAKernelOrSayWhyNot) {
+  LogitsOverrides ov;
+  ov.kernel = LogitsKernel::kGemmWgmmaWs;
+  const LogitsPlan ws = pick(problem(4, 64, 151936, 1024, 1), DeviceInfo::h200(), Backend::kFused, ov);
+  EXPECT_EQ(ws.kernel, LogitsKernel::kGemmWgmmaWs);
+  EXPECT_EQ(ws.block_cols, 64);
+  EXPECT_TRUE(ws.note.empty());
+  // The staged GEMV takes at most 16 columns: the override is refused and the plan says so.
+  ov.kernel = LogitsKernel::kGemvStaged;
+  const LogitsPlan refused = pick(problem(4, 64, 151936, 1024, 17), DeviceInfo::h200(), Backend::kFused, ov);
+  EXPECT_EQ(refused.kernel, LogitsKernel::kGemmMmaSync);
+  EXPECT_NE(refused.note.find("gemv_staged was forced but cannot take"), std::string::npos) << refused.note;
+  // No wgmma on sm_80.
+  ov.kernel = LogitsKernel::kGemmWgmma;
+  EXPECT_EQ(pick(problem(4, 64, 151936, 1024, 64), sm80(), Backend::kFused, ov).kernel, LogitsKernel::kGemmMmaSync);
+  // The staged activations built once per call from the override's byte count.
+  LogitsOverrides x;
+  x.staged_cta_x = 0;
+  EXPECT_TRUE(pick(problem(4, 64, 151936, 1024, 1), DeviceInfo::h200(), Backend::kAuto, x).x_prebuilt);
+}
+
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
+  ~ScopedEnv() { unsetenv(name.c_str()); }
+};
+
+TEST(KernelPlan, EnvironmentOverridesAreValidated) {
+  {
+    ScopedEnv e("QHEAD_CUDA_LOGITS_KERNEL", "on");
+    try {
+      (void)LogitsOverrides::from_env();
+      FAIL() << "a bad kernel name was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      const std::string m = e.what();
+      EXPECT_NE(m.find("QHEAD_CUDA_LOGITS_KERNEL"), std::string::npos) << m;
+      EXPECT_NE(m.find("gemv_staged"), std::string::npos) << m;  // lists the values allowed
+    }
+  }
+  for (const char* bad : {"abc", "-1", "12x", "2000000"}) {
+    ScopedEnv e("QHEAD_CUDA_STAGED_CTA_X", bad);
+    EXPECT_THROW((void)LogitsOverrides::from_env(), Error) << bad;
+  }
+  {
+    ScopedEnv e("QHEAD_CUDA_TOPK_PATH", "pools");
+    EXPECT_THROW((void)LogitsOverrides::from_env(), Error);
+  }
+  ScopedEnv k("QHEAD_CUDA_LOGITS_KERNEL", "gemm_mma_sync");
+  ScopedEnv t("QHEAD_CUDA_TOPK_PATH", "lists");
+  ScopedEnv x("QHEAD_CUDA_STAGED_CTA_X", "4096");
+  const LogitsOverrides ov = LogitsOverrides::from_env();
+  EXPECT_EQ(ov.kernel, LogitsKernel::kGemmMmaSync);
+  EXPECT_EQ(ov.topk_path, TopkPath::kLists);
+  EXPECT_EQ(ov.staged_cta_x, 4096);
+  ScopedEnv empty("QHEAD_CUDA_LOGITS_KERNEL", "");
+  EXPECT_FALSE(LogitsOverrides::from_env().kernel.has_value());
+}
+
+TopkPlan topk_plan(const LogitsProblem& p, int64_t k, Backend b, const LogitsOverrides& ov = {}) {
+  return select_topk_path(p, k, DeviceInfo::h200(), ov, b);
+}
+
+TEST(KernelPlan, TopkPaths) {
+  // kAuto at M = 1: logits, then first-level blocks of quarter slices (75 on a 151936 vocab).
+  const TopkPlan a1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kAuto);
+  EXPECT_EQ(a1.path, TopkPath::kLogitsThenSelect) << a1.describe();
+  EXPECT_EQ(a1.main.kernel, LogitsKernel::kGemvStaged);
+  EXPECT_TRUE(a1.select_small);
+  EXPECT_EQ(a1.select_blocks, 75);
+  // kFused at M <= 8: the staged GEMV's pool epilogue, pools sized for the grid.
+  const TopkPlan f1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kFused);
+  ASSERT_EQ(f1.path, TopkPath::kPoolEpilogue) << f1.describe();
+  EXPECT_EQ(f1.main.epilogue, LogitsEpilogue::kTopkPools);
+  EXPECT_EQ(f1.main.pool_cols, 1);
+  EXPECT_GT(f1.main.grid, 0);
+  const int64_t per_cta = (151936 / 16 + int64_t(f1.main.grid) * 8 - 1) / (int64_t(f1.main.grid) * 8) * 8 * 16;
+  EXPECT_GE(f1.main.pool_cap, per_cta);  // every logit a CTA computes fits its pool
+  EXPECT_LE(f1.main.smem_bytes, 160 * 1024);
+  // kAuto from M = 128 on a large vocab: the list epilogue with a threshold sample of 64 tiles.
+  const TopkPlan a128 = topk_plan(problem(4, 64, 151936, 1024, 128), 50, Backend::kAuto);
+  ASSERT_EQ(a128.path, TopkPath::kLists) << a128.describe();
+  EXPECT_EQ(a128.main.kernel, LogitsKernel::kGemmWgmmaWs);
+  EXPECT_EQ(a128.main.block_cols, 128);
+  ASSERT_TRUE(a128.sample.has_value());
+  EXPECT_EQ(a128.sample_rows, 8192);
+  EXPECT_EQ(a128.sample_stride, 151936 / 128 / 64);
+  EXPECT_EQ(a128.main.grid, 132);
+  EXPECT_EQ(a128.main.list_segments, 8 * 132);
+  // ... but not at M = 96 (kAuto), which kFused takes from M = 65.
+  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 96), 50, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
+  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 65), 50, Backend::kFused).path, TopkPath::kLists);
+  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 64), 50, Backend::kFused).path, TopkPath::kLogitsThenSelect);
+  // 8-bit groups of 16 have no fused logits but the pool epilogue takes them.
+  EXPECT_EQ(topk_plan(problem(8, 16, 50257, 1024, 1), 50, Backend::kFused).path, TopkPath::kPoolEpilogue);
+  EXPECT_EQ(topk_plan(problem(8, 16, 50257, 1024, 1), 50, Backend::kFused).main.group_segs, 1);
+  // k above the epilogues' gather: logits then select.
+  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 1), 300, Backend::kFused).path, TopkPath::kLogitsThenSelect);
+  // No threshold sample when the vocab has fewer than k rows in whole tiles.
+  const TopkPlan tiny = topk_plan(problem(4, 64, 200, 1024, 65), 200, Backend::kFused);
+  ASSERT_EQ(tiny.path, TopkPath::kLists) << tiny.describe();
+  EXPECT_FALSE(tiny.sample.has_value());
+  // A forced path that cannot take the problem is refused, with a note.
+  LogitsOverrides pools;
+  pools.topk_path = TopkPath::kPoolEpilogue;
+  const TopkPlan refused = topk_plan(problem(4, 64, 151936, 1024, 9), 50, Backend::kFused, pools);
+  EXPECT_NE(refused.path, TopkPath::kPoolEpilogue);
+  EXPECT_NE(refused.note.find("pool_epilogue was forced"), std::string::npos) << refused.note;
+  // The pool epilogue takes only 128-byte stages: 4-bit H = 640 rows (320 bytes) take 64-byte ones.
+  EXPECT_EQ(pick(problem(4, 64, 262144, 640, 1)).stage_bytes, 64);
+  EXPECT_EQ(topk_plan(problem(4, 64, 262144, 640, 1), 50, Backend::kFused).path, TopkPath::kLogitsThenSelect);
+}
+
+}  // namespace
+}  // namespace qhead::cuda_plan
