@@ -33,7 +33,7 @@ def bench_file(rows, commit="0123456789abcdef0123456789abcdef01234567", date="20
 
 def row(path, us, m=1, shape="1000x64", scheme="w4g64", **extra):
     r = {"shape": shape, "scheme": scheme, "m": m, "path": path, "us_median": us, "gbps": 1.0,
-         "bw_fraction": 0.5, "speedup_vs_dense": 1.0, "note": "v14 session 3 note kept as recorded"}
+         "bw_fraction": 0.5, "speedup_vs_dense": 1.0, "note": "the note as the bench wrote it"}
     r.update(extra)
     return r
 
