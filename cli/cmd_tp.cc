@@ -149,7 +149,8 @@ int run_bench_tp(const BenchArgs& a) {
       (void)QuantScheme::parse(s);
       schemes.push_back(s);
     }
-  // Default: Gemma-3-4B's table (262144 x 2560), the largest of DESIGN.md's shapes.
+  // Default: Gemma-3-4B's table (262144 x 2560), the largest of the real-model shapes
+  // (docs/architecture.md, Decisions).
   if (shapes.empty()) shapes = {{262144, 2560}};
   if (schemes.empty()) schemes = {"w4g128"};
   for (const auto& [v, h] : shapes)

@@ -41,8 +41,9 @@ load lifecycle (apply_quantization_config, compress_model, load_state_dict,
 decompress_model) and checks both roles equal reference.safetensors.
 
 Made with: python 3.11, torch 2.15.0 (CPU), compressed-tensors 0.20.0,
-transformers 5.24.0, safetensors 0.8.0 — /tmp/ctvenv/bin/python
-scripts/make_ct_model_fixtures.py [OUT_DIR] (default tests/fixtures/ct_models).
+transformers 5.24.0, safetensors 0.8.0 — $CTVENV/bin/python
+scripts/make_ct_model_fixtures.py [OUT_DIR] (default tests/fixtures/ct_models), where
+$CTVENV is the venv tests/fixtures/ct/README.md makes.
 """
 import json
 import os

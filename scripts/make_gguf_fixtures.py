@@ -29,9 +29,10 @@ with them bit for bit.
                        same tensor names.
 
 Usage:
-  python3 -m venv /tmp/ggufvenv && /tmp/ggufvenv/bin/pip install gguf==0.19.0 numpy==2.4.6
+  python3 -m venv "$GGUFVENV" && "$GGUFVENV"/bin/pip install gguf==0.19.0 numpy==2.4.6
   scripts/fetch_models.sh          # the two real models into ~/.cache/qhead/models
-  /tmp/ggufvenv/bin/python scripts/make_gguf_fixtures.py [--models DIR] [--out DIR]
+  "$GGUFVENV"/bin/python scripts/make_gguf_fixtures.py [--models DIR] [--out DIR]
+($GGUFVENV: any directory outside the repository for the pinned venv.)
 
 Made with: Python 3.11.7, gguf 0.19.0, numpy 2.4.6.
 """

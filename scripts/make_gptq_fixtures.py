@@ -22,8 +22,8 @@ and (AutoRound fixtures) lm_head.dequant_gptqmodel: GPTQModel reading AutoRound'
 checkpoint. The script asserts that the tool and numpy agree within one f16 ulp.
 
 Run (CPU only, a few minutes on 2 cores):
-  nice -n 10 /tmp/gptqvenv/bin/python scripts/make_gptq_fixtures.py
-See tests/fixtures/gptq/README.md for how /tmp/gptqvenv is made.
+  nice -n 10 "$GPTQVENV"/bin/python scripts/make_gptq_fixtures.py
+See tests/fixtures/gptq/README.md for how that venv ($GPTQVENV) is made.
 """
 import argparse
 import json
@@ -32,6 +32,7 @@ import random
 import shutil
 import subprocess
 import sys
+import tempfile
 
 # GPTQModel 7.7.0 asks for a 2-worker "model_loader:cpu" pool but only gives
 # the cpu pool (cores+1)//2 workers: on a 2-core machine it raises
@@ -294,7 +295,7 @@ def versions():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=DEFAULT_OUT)
-    ap.add_argument("--work", default="/tmp/gptq_fixture_work")
+    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "gptq_fixture_work"))
     ap.add_argument("--only", nargs="*", help="fixture names (default: all)")
     ap.add_argument("--expected-only", action="store_true", help="recompute expected.safetensors only")
     ap.add_argument("--_child", nargs=3, metavar=("NAME", "BASE", "OUT"), help=argparse.SUPPRESS)

@@ -14,6 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-deps.sh
 PY="$(scripts/setup-python.sh)"
+scripts/check_words.sh   # the project speaks only of itself (no session/issue/version history)
 jobs=$(nproc)
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DQHEAD_TESTS=ON -DQHEAD_PYTHON=ON -DPython_EXECUTABLE="$PY"
 cmake --build build -j"$jobs"

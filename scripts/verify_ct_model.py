@@ -4,8 +4,10 @@
 Run with the pinned venv (python 3.11, torch 2.15.0 CPU, compressed-tensors
 0.20.0, transformers 5.24.0, safetensors 0.8.0):
 
-    /tmp/ctvenv/bin/python scripts/verify_ct_model.py [--qhead build-write/qhead] [--keep DIR]
-    /tmp/ctvenv/bin/python scripts/verify_ct_model.py --check OUT_DIR [OUT_DIR ...]
+    "$CTVENV"/bin/python scripts/verify_ct_model.py [--qhead build-write/qhead] [--keep DIR]
+    "$CTVENV"/bin/python scripts/verify_ct_model.py --check OUT_DIR [OUT_DIR ...]
+
+($CTVENV: the venv tests/fixtures/ct/README.md makes.)
 
 Without --check it builds inputs from the committed fixtures in
 tests/fixtures/ct_models (made by make_ct_model_fixtures.py with the library

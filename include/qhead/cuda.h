@@ -2,7 +2,7 @@
 //
 // A table moves to the GPU as ONE allocation holding its packed codes, its
 // scales and (asymmetric) its zero points, in the same pack-quantized layout
-// as on the host (DESIGN decision 1): a tied table used by embed and logits
+// as on the host (docs/architecture.md, Decisions): a tied table used by embed and logits
 // is one copy on the device too. The ops in qhead/ops.h dispatch on the
 // table's device; on CUDA they take device tensors and run on the current
 // stream (the default stream unless set_stream says otherwise).

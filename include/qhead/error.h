@@ -1,6 +1,6 @@
 // qhead/error.h — the one error type of the library.
 //
-// Library code never aborts on input (DESIGN.md, decision 4): malformed files,
+// Library code never aborts on input (docs/architecture.md, Decisions): malformed files,
 // bad shapes, ids out of range, NaN scales all throw qhead::Error, whose
 // message names the op, the tensor, the shape and the file where they are
 // known. Only the CLI turns an Error into an exit status.

@@ -1,8 +1,9 @@
 // qhead/table.h — a [V, H] token table: dense, or packed per a QuantScheme.
 //
-// The packed layout IS the compressed-tensors `pack-quantized` layout (DESIGN
-// decision 1), so a checkpoint's tensors are used as loaded and one table
-// serves both the embedding and the head:
+// The packed layout IS the compressed-tensors `pack-quantized` layout
+// (docs/architecture.md, Decisions: one packed copy, used as loaded), so a
+// checkpoint's tensors are used as loaded and one table serves both the
+// embedding and the head:
 //
 //   weight_packed      I32 [V, ceil(H·b / 32)]    codes q + 2^(b-1), a dense
 //                                                  little-endian bit stream per row:

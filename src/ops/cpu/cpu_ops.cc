@@ -177,8 +177,8 @@ namespace {
 int dtype_kind(DType t) { return t == DType::kF32 ? 0 : t == DType::kF16 ? 1 : 2; }
 
 // The kernels' software-prefetch distance (kernels.h PackedArgs): 4 KiB for
-// 4-bit, 8 KiB for 8-bit tables, measured on the development VM
-// (docs/performance.md); any distance of 2-16 KiB was within noise there,
+// 4-bit, 8 KiB for 8-bit tables, measured on a 2-vCPU Intel Xeon
+// (docs/tuning-notes.md, "CPU: prefetch"); any distance of 2-16 KiB was within noise there,
 // none at all cost 1.6-2x. QHEAD_CPU_PREFETCH=<bytes> (0: off) overrides it,
 // read once per process — a diagnostic knob for measuring other machines.
 int64_t prefetch_distance(int bits) {

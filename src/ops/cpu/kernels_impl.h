@@ -30,8 +30,8 @@
 //     T[c] = float(c - zc) · s (zc = stored zero point, or 2^(b-1) when
 //     symmetric) built once per group: 4 vector ops per 32 weights.
 //     The activations are permuted to match (x[2i] then x[2i+1] per 32-chunk)
-//     once per call, instead of reordering the weights (DESIGN decision 1:
-//     the checkpoint's packed bytes are used as they are).
+//     once per call, instead of reordering the weights (docs/architecture.md,
+//     Decisions: the checkpoint's packed bytes are used as they are).
 //   AVX2, 4-bit: 8 bytes → 16 codes, mask/shift, subtract zc, convert,
 //     multiply by s (vpermps has only 8 entries at 256 bits).
 //   8-bit: widen, subtract zc, convert, multiply.
