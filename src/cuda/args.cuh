@@ -14,7 +14,7 @@ using ::qhead::cuda_plan::kTopkGather;
 using ::qhead::cuda_plan::LogitsPlan;
 
 // The list epilogue's output (logits_gemm_wgmma_ws_kernel<..., TOPK = true>), read
-// by the merge (topk_lists_kernel, ops_cuda.cu).
+// by the merge (topk_lists_kernel, src/ops/cuda/topk_lists.cu).
 struct TopkLists {
   uint64_t* list = nullptr;   // [M, nseg, seg_cap] entries >= the column's threshold
   uint32_t* count = nullptr;  // [M, nseg] entries in each list

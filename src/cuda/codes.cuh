@@ -3,7 +3,7 @@
 //   out[m, v] = Σ_g s[v, g] · Σ_{h ∈ g} (q[v, h] − z[v, g]) · x[m, h]
 //
 // Why this shape. The packed rows are streamed once from HBM with no
-// repacked copy (DESIGN decision 1); the inner products run on mma.sync
+// repacked copy (docs/architecture.md, Decisions); the inner products run on mma.sync
 // m16n8k16 (f16/bf16 in, f32 accumulate): the vocab rows are the MMA's M
 // dimension (16 rows per warp), the activations its N dimension (8 per
 // tile), H its K dimension.
@@ -112,7 +112,7 @@ __device__ __forceinline__ uint32_t dequant_pair(uint32_t w, int j, int p, uint3
     return sub2<T>(v, bias);
   } else {
     // 8-bit, bf16 (7 mantissa bits: no bf16 magic holds a byte): f32 magic 2^23 + c, the byte
-    // placed by one PRMT (0x4B0000cc; was a shift and a LOP3 per value), minus zoff = 2^23 + 128 +
+    // placed by one PRMT (0x4B0000cc), minus zoff = 2^23 + 128 +
     // z: exact, then one exact narrowing of the pair (|c − 128 − z| ≤ 255 needs 8 bits).
     const float lo = __uint_as_float(__byte_perm(w, 0x4B000000u, p == 0 ? 0x7650u : 0x7651u)) - zoff;
     const float hi = __uint_as_float(__byte_perm(w, 0x4B000000u, p == 0 ? 0x7652u : 0x7653u)) - zoff;

@@ -50,7 +50,7 @@ inline int sm_count() {
 }
 
 // out[M, V] (f32, row stride ldo) = x[M, H] · w[V, H]ᵀ: one cuBLAS GemmEx on
-// the current stream, f32 accumulation (ops_cuda.cu; the fallback and the
+// the current stream, f32 accumulation (src/ops/cuda/dequant.cu; the fallback and the
 // benchmark's dense baseline both call it).
 void gemm_xwt(const void* w, cudaDataType_t wt, const void* x, cudaDataType_t xt, float* out, int V, int H, int M,
               int64_t ldo);
@@ -96,7 +96,7 @@ __device__ __forceinline__ int entry_id(uint64_t e) { return e ? int(~uint32_t(e
 // across lanes are shuffles, across slots register moves — no shared-memory
 // round trip per step. The network's loops stay rolled: a selection block
 // runs this once, so its cost is instruction fetch more than instructions
-// (docs/performance.md). Entries past n read as 0 (empty), not written back.
+// (docs/tuning-notes.md, "Top-k selection"). Entries past n read as 0 (empty), not written back.
 template <int R>
 __device__ __forceinline__ void warp_sort_desc_regs(uint64_t* p, int n) {
   const int lane = threadIdx.x & 31;

@@ -6,19 +6,19 @@
 
 namespace qhead::cuda_detail {
 
-// ---- v14's top-k epilogue: candidate lists above a sampled threshold ----------------------
+// ---- the list epilogue: candidate lists above a sampled threshold ----------------------
 //
 // A top-k at M > 64 cannot keep per-column pools in shared memory (the ring
 // takes it), and a CTA's own best k is a weak filter (k of its ~2300 rows).
 // Instead the caller first computes the logits of a sample of the vocab
 // (whole 128-row tiles spread over V) and takes a lower bound of their k-th
-// largest (list_threshold_kernel, ops_cuda.cu): any k logits of the row bound
+// largest (list_threshold_kernel, src/ops/cuda/topk_lists.cu): any k logits of the row bound
 // the row's k-th largest from below, so every logit below it can be
 // dropped. The kernel appends each logit >= the threshold, as an entry, to
 // the list of its (column, CTA warp) — positions by ballot, no atomics — and
 // sums exp(min(l − threshold, 0)) (each term <= 1: no overflow, no running
 // max; the listed logits add exactly 1 each, subtracted by the merge). The
-// merge (ops_cuda.cu) selects from the lists and adds the candidates' exps to
+// merge (topk_lists_kernel) selects from the lists and adds the candidates' exps to
 // the sums. A list holds at most the 16 rows × units its
 // warp computes, so the launcher sizes it and it cannot overflow.
 
@@ -40,7 +40,7 @@ __host__ __device__ __forceinline__ float list_margin(float v) { return v - (fab
 //     logit — and a bit per column with a logit >= thr;
 //  2. only the columns where some lane of the warp has one: the entries
 //     appended to list(col) at cnt[col], positions by ballot.
-// (ncu, docs/performance.md: with a compare, select and accurate exp2f per
+// (ncu, docs/tuning-notes.md "The list top-k": with a compare, select and accurate exp2f per
 // logit the epilogue took ~1270 instructions per warp and unit, +40 % on the
 // kernel.)
 __device__ __forceinline__ float ex2_ftz(float x) {

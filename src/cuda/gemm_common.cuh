@@ -7,7 +7,7 @@
 
 namespace qhead::cuda_detail {
 
-// ---- v10: the tensor-core GEMM (M > 16) ------------------------------------------------
+// ---- the tensor-core GEMMs (M > 16) ------------------------------------------------
 //
 // Why. The GEMV kernels above give every warp its own row tile and all M
 // activation columns, so above M ≈ 16 each warp's accumulators, B loads and

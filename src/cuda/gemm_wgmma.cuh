@@ -5,7 +5,7 @@
 
 namespace qhead::cuda_detail {
 
-// ---- v11: the wgmma GEMM (sm_90a, large M) ----------------------------------------------
+// ---- the CTA-barrier wgmma GEMM (sm_90a, large M) ----------------------------------------------
 //
 // Why. The mma.sync GEMM reads every B fragment from shared memory once per
 // 32 rows (128 bytes per m16n8k16), which caps it near the SM's shared-memory
@@ -51,7 +51,7 @@ __device__ __forceinline__ void dequant_batch(const uint32_t (&w)[SPS][2], int g
     }
 }
 
-// One stage of the v11 wgmma GEMM CTA: warp wic (0..7) of the
+// One stage of the CTA-barrier wgmma GEMM: warp wic (0..7) of the
 // consumer warpgroups dequantizes its rows wic·16 + {g, g+8} of the stage at
 // shared address stu (generic pointer stp), its warpgroup (wic / 4) issues
 // the wgmmas of its 64 rows × BN columns per group into cacc (scale-d = 0 at

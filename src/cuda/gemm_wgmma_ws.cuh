@@ -7,12 +7,12 @@
 
 namespace qhead::cuda_detail {
 
-// ---- v14: the warp-specialized wgmma GEMM (sm_90a) -----------------------------------------
+// ---- the warp-specialized wgmma GEMM (sm_90a) -----------------------------------------
 //
-// Why. The v11 kernel's eight warps meet at a CTA barrier every stage and
+// Why. The CTA-barrier wgmma GEMM's eight warps meet at a CTA barrier every stage and
 // both warpgroups wait for their wgmmas at every group end, so they dequantize,
 // multiply and fold in lockstep: at M = 256 the tensor cores were busy
-// ~16–25 % of the time (docs/performance.md, session 3). Here one warpgroup
+// ~16–25 % of the time (docs/tuning-notes.md, "The GEMMs"). Here one warpgroup
 // only copies (cp.async for the codes and scales, one bulk copy for the
 // activations; completion signalled on a per-slot "full" mbarrier)
 // and the two consumer warpgroups never meet: each waits for a slot to be
@@ -21,7 +21,7 @@ namespace qhead::cuda_detail {
 // the other's wgmmas. Inside a consumer the work is pipelined by batch (one
 // group's part of a stage): the next batch is dequantized into the second A
 // set while the current batch's wgmmas run; then wait, fold, issue. The
-// arithmetic is v11's (same bytes, exact q − z fragments, the same f32
+// arithmetic is the CTA-barrier kernel's (same bytes, exact q − z fragments, the same f32
 // per-group fold). The producer gives up registers to the consumers
 // (setmaxnreg). CTA: 384 threads, 128 rows × BN columns, one per SM.
 
@@ -31,7 +31,7 @@ constexpr int kWsSmem = 200 * 1024;     // stage ring budget (of 227 KB per bloc
 // Code bytes per row per stage: 128 k for both widths. A stage's fixed costs (the two mbarrier
 // hand-offs, the scale reads, the batch chain's wait) then buy eight m64nNk16 wgmmas per
 // consumer warpgroup, not four: with kGemmC's 64 bytes the 8-bit kernel took 1.45-1.65x
-// cuBLAS's time at M = 256 against 1.16-1.31x for 4-bit (docs/performance.md, session 11).
+// cuBLAS's time at M = 256 against 1.16-1.31x for 4-bit (docs/tuning-notes.md, "8-bit stage size").
 template <int BITS>
 constexpr int ws_c() { return BITS == 8 ? 128 : kGemmC; }
 template <int BITS, int BN, bool ASYM, int NS = 1>

@@ -7,9 +7,9 @@
 
 namespace qhead::cuda_detail {
 
-// ---- v8/v12: the shared-memory staged kernel (M <= 16) ----------------------------------
+// ---- the shared-memory staged GEMV (M <= 16) ----------------------------------
 //
-// Why. ncu on the register-ring kernel (v5–v7) showed it latency- and
+// Why. ncu on the register-ring GEMV showed it latency- and
 // instruction-bound: per 512-byte warp chunk ~180 instructions, most of them
 // address, counter and branch work of the per-lane loads, and too few bytes
 // in flight (12 warps/SM × a 4-chunk ring ≈ 48 KB). Here each warp streams
@@ -36,16 +36,16 @@ namespace qhead::cuda_detail {
 // memory (staged_x_bytes: one padded region per column, then a zero block
 // that the lanes of columns >= M read, so B loads carry no predicates), each
 // lane's two k-blocks as one 16-byte load at a constant offset per stage.
-// Up to kStagedMaxX bytes a CTA builds them from x itself (16-byte loads,
+// Up to a plan's threshold (select.cc, kStagedCtaX) a CTA builds them from x itself (16-byte loads,
 // eight in flight per thread, byte permutes); larger ones (M = 16 at
 // H >= 2560: one CTA per SM) staged_x_kernel builds once per call and each
 // CTA copies them flat with cp.async.
 //
-// Stage size (v12, session 4). With 64-byte stages a warp reads 16·RT
+// Stage size (docs/tuning-notes.md, "The staged GEMV"). With 64-byte stages a warp reads 16·RT
 // separate 64-byte pieces per stage; a pure copy with that pattern reached
 // only ~2.5 TB/s on the H200 (half cache lines per row and stage), with
 // 128-byte pieces ~3.7 TB/s. So rows take 128-byte stages where their length
-// allows, 64-byte ones otherwise (launch_staged).
+// allows, 64-byte ones otherwise (select.cc, staged_stage_bytes).
 //
 //   BITS 4|8 · T · C bytes per row per stage (64|128) · RT row tiles per warp ·
 //   NS stages · GS 16-byte segments per group when a group fits a stage (1, 2,

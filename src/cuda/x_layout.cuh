@@ -67,7 +67,7 @@ __device__ __forceinline__ uint4 staged_x_unit_load(const unsigned char* __restr
 }
 template <int BITS>
 __device__ __forceinline__ uint4 staged_x_unit_order(uint4 w) {
-  if constexpr (BITS == 4)  // w = v1:v0, v3:v2, v5:v4, v7:v6 → v4:v0, v5:v1, v6:v2, v7:v3
+  if constexpr (BITS == 4)  // w = e1:e0, e3:e2, e5:e4, e7:e6 → e4:e0, e5:e1, e6:e2, e7:e3
     return make_uint4(__byte_perm(w.x, w.z, 0x5410), __byte_perm(w.x, w.z, 0x7632), __byte_perm(w.y, w.w, 0x5410),
                       __byte_perm(w.y, w.w, 0x7632));
   // per k-block: a1:a0, a3:a2 → a2:a0, a3:a1

@@ -84,7 +84,7 @@ __device__ __forceinline__ void keep(uint32_t acc, uint32_t* sink) {
 // no math beyond the XOR); the ceiling is the fastest. In a bench process
 // that has allocated and freed earlier tables, the grid-stride reader
 // measured up to 15 % slower on the larger tables than the same read alone
-// (docs/performance.md).
+// (docs/tuning-notes.md, "The bench's ceilings and timing").
 //   grid-stride: one thread's four loads lie a grid apart (megabytes);
 __global__ void stream_read(const uint4* __restrict__ p, int64_t n16, uint32_t* sink) {
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;

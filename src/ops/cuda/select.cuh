@@ -70,8 +70,8 @@ __device__ void block_sort_desc(uint64_t* p, int n) {
 // (an entry carries its id; a row's ids are distinct): thread i ranks p[i] by
 // counting the larger entries — the same address for the whole block at each
 // step, a broadcast — and stores it at its rank. Two barriers, every thread
-// busy; the warp's bitonic network it replaces (n <= 128) ran in warp 0 alone
-// while the block waited (docs/performance.md, session 11: a first-level
+// busy, where a warp's bitonic network (n <= 128) runs in warp 0 alone
+// while the block waits (docs/tuning-notes.md, "Top-k selection": a first-level
 // block 8.0 -> 6.9 us on the H200, with the final level's sizing below).
 __device__ void block_rank_sort_desc(uint64_t* p, int n) {
   const int i = threadIdx.x;
@@ -218,7 +218,7 @@ __device__ __forceinline__ void block_select(ForEach&& for_each, uint64_t my_max
 // Block-wide (max, Σ exp(l − max)) → every thread: the max first, then each
 // thread rescales its sum once and the sums are added — two plain reductions
 // (the pairwise log-sum-exp combine per shuffle step cost ~450 instructions
-// per warp of cold code; docs/performance.md).
+// per warp of cold code; docs/tuning-notes.md, "Top-k selection").
 __device__ float2 block_lse(float mx, float s, SelectSmem& sm) {
   const int w = threadIdx.x >> 5, nw = int(blockDim.x >> 5);
   float bm = mx;

@@ -13,7 +13,7 @@ namespace {
 // registers, and every pass over them is a rolled loop: a selection block
 // runs its code once, so with the items in registers (fully unrolled passes,
 // ~6400 SASS instructions) it was bound by instruction fetch — ~9 us per block
-// whatever its size, most of it i-cache misses (ncu, docs/performance.md).
+// whatever its size, most of it i-cache misses (ncu, docs/tuning-notes.md, "Top-k selection").
 template <class In, int PER>
 constexpr int select_smem_bytes() { return kSelThreads * PER * int(sizeof(In)); }
 
