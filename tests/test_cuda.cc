@@ -19,7 +19,9 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <optional>
 
+#include "ops/ops_cuda.h"
 #include "qhead/cuda.h"
 #include "qhead/ops.h"
 #include "qhead/quantize.h"
@@ -109,15 +111,26 @@ std::string describe(const LogitsCase& c) {
          " V=" + std::to_string(c.V) + " H=" + std::to_string(c.H) + " M=" + std::to_string(c.M);
 }
 
-void check_logits(const LogitsCase& c, uint64_t seed, Backend backend = Backend::kAuto) {
-  SCOPED_TRACE(describe(c) + (backend == Backend::kFallbackBlas ? " (fallback)" : ""));
+// With `force`, the logits kernel it names runs (through the kernel-plan door,
+// cuda_ops::run_logits), and the plan that ran must name it.
+void check_logits(const LogitsCase& c, uint64_t seed, Backend backend = Backend::kAuto,
+                  std::optional<cuda_plan::LogitsKernel> force = std::nullopt) {
+  SCOPED_TRACE(describe(c) + (backend == Backend::kFallbackBlas ? " (fallback)" : "") +
+               (force ? std::string(" forced ") + cuda_plan::logits_kernel_name(*force) : std::string()));
   const QuantScheme s = scheme_of(c);
   const PackedTable host = random_packed(c.V, c.H, s, seed);
   const Table dev = cuda::to_device(Table::packed(host));
   const Tensor xh = random_tensor(c.act, c.M, c.H, seed + 1);
   const Tensor xd = upload(xh);
   Tensor out = poisoned_device(DType::kF32, {c.M, c.V});
-  logits(dev, xd.view(), out.view(), backend);
+  if (force) {
+    cuda_plan::LogitsOverrides ov;
+    ov.kernel = force;
+    const cuda_plan::LogitsPlan plan = cuda_ops::run_logits(dev, xd.view(), out.view(), backend, ov);
+    ASSERT_EQ(plan.kernel, *force) << plan.describe();
+  } else {
+    logits(dev, xd.view(), out.view(), backend);
+  }
   cuda::synchronize();
   const Tensor oh = download(out);
   ASSERT_EQ(count_nan(oh.view()), 0) << "unwritten (NaN-poisoned) outputs remain";
@@ -173,27 +186,19 @@ TEST(Cuda, LogitsOtherHidden) {
     }
 }
 
-// Every fused kernel family at every M: the GEMV kernels forced up to M = 256
-// (QHEAD_CUDA_GEMM=0), the mma.sync GEMM and (on sm_90) both wgmma GEMMs — the
-// warp-specialized one (v14) and the CTA-barrier one (v11) — forced down to
-// M = 1, so each is checked on the shapes the others normally take.
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
-  ~ScopedEnv() { unsetenv(name.c_str()); }
-};
-
-TEST(Cuda, LogitsGemmAndGemvAtEveryM) {
+// Every fused kernel family at every M it takes, forced through the
+// overrides: the GEMVs up to M = 256, the GEMMs down to M = 1, so each is
+// checked on the shapes the others normally take; each run asserts the plan
+// named the forced kernel. A family that cannot take a case (the staged GEMV
+// above 16 columns, the wgmma GEMMs off sm_90) is skipped there, and each
+// family must have run on most cases.
+TEST(Cuda, LogitsEveryKernelAtEveryM) {
   SKIP_WITHOUT_GPU();
+  using cuda_plan::LogitsKernel;
   uint64_t seed = 1700;
-  for (int mode : {0, 1, 2, 3}) {
-    SCOPED_TRACE(mode == 0   ? "GEMV forced"
-                 : mode == 1 ? "mma.sync GEMM forced"
-                 : mode == 2 ? "warp-specialized wgmma GEMM forced (sm_90)"
-                             : "CTA-barrier wgmma GEMM forced (sm_90)");
-    ScopedEnv e1(mode == 0 ? "QHEAD_CUDA_GEMM" : "QHEAD_CUDA_GEMM_MIN_M", mode == 0 ? "0" : "1");
-    ScopedEnv e2(mode == 1 ? "QHEAD_CUDA_WGMMA" : "QHEAD_CUDA_WGMMA_MIN_M", mode == 1 ? "0" : "1");
-    ScopedEnv e3(mode == 3 ? "QHEAD_CUDA_WGMMA_WS" : "QHEAD_CUDA_WGMMA_WS_MIN_M", mode == 3 ? "0" : "1");
+  for (LogitsKernel k : {LogitsKernel::kGemvRegRing, LogitsKernel::kGemvStaged, LogitsKernel::kGemmMmaSync,
+                         LogitsKernel::kGemmWgmma, LogitsKernel::kGemmWgmmaWs}) {
+    int ran = 0, cases = 0;
     for (int bits : {4, 8})
       for (int group : {32, 128, -1})
         for (int64_t M : {1, 3, 8, 16, 17, 33, 64, 65, 256}) {
@@ -201,8 +206,25 @@ TEST(Cuda, LogitsGemmAndGemvAtEveryM) {
           const DType act = seed % 3 == 0 ? DType::kF16 : DType::kBF16;
           const DType scale = seed % 5 == 0 ? DType::kF32 : (seed % 5 < 3 ? DType::kF16 : DType::kBF16);
           const int64_t V = seed % 4 == 0 ? 257 : 3001;
-          check_logits({bits, group, sym, act, scale, V, 1024, M}, seed++, Backend::kFused);
+          const LogitsCase c{bits, group, sym, act, scale, V, 1024, M};
+          ++cases;
+          // Which kernel the forced plan names for this case (without running it).
+          const Table probe = cuda::to_device(Table::packed(random_packed(1, c.H, scheme_of(c), 1)));
+          const Tensor xp = cuda::empty(act, {M, c.H});
+          cuda_plan::LogitsOverrides ov;
+          ov.kernel = k;
+          const cuda_plan::LogitsPlan plan = cuda_ops::plan_logits(probe, xp.view(), Backend::kFused, ov);
+          if (plan.kernel != k) {
+            ++seed;
+            continue;
+          }
+          check_logits(c, seed++, Backend::kFused, k);
+          ++ran;
         }
+    const bool wgmma = cuda_ops::device_info().has_wgmma();
+    if (k == LogitsKernel::kGemvStaged) EXPECT_EQ(ran, 2 * 3 * 4) << "the staged GEMV at M <= 16";
+    else if (k == LogitsKernel::kGemmWgmma || k == LogitsKernel::kGemmWgmmaWs) EXPECT_EQ(ran, wgmma ? cases : 0);
+    else EXPECT_EQ(ran, cases) << cuda_plan::logits_kernel_name(k);
   }
   // The staged GEMV's configurations (M <= 16): 128-byte stages (H = 2560) and
   // 64-byte ones (4-bit H = 640), one or two activation tiles, partial tiles.
@@ -223,7 +245,7 @@ TEST(Cuda, LogitsGemmAndGemvAtEveryM) {
       }
 }
 
-// The warp-specialized wgmma GEMM (v14; M > 64 on sm_90, elsewhere the mma.sync
+// The warp-specialized wgmma GEMM (M > 64 on sm_90, elsewhere the mma.sync
 // GEMM): CTAs of a persistent grid taking several units each (V = 20011 at
 // M = 256: 157 row tiles × 2 column tiles), the stage ring's phases wrapping
 // inside a unit and across units, every group layout (several groups per
@@ -240,10 +262,12 @@ TEST(Cuda, LogitsWgmmaWarpSpecialized) {
         check_logits({bits, group, seed % 2 == 0, act, scale, M == 256 ? 20011 : 3001, 1024, M}, seed++,
                      Backend::kFused);
       }
-  // v14's 8-bit stages hold 128 bytes of a row (ws_c): rows of 576 bytes take v11's 64-byte
-  // stages instead, at the same M.
-  check_logits({8, 64, true, DType::kF16, DType::kF16, 3001, 576, 256}, seed++, Backend::kFused);
-  check_logits({8, -1, false, DType::kBF16, DType::kBF16, 3001, 576, 70}, seed++, Backend::kFused);
+  // Its 8-bit stages hold 128 bytes of a row: rows of 576 bytes take the CTA-barrier wgmma
+  // GEMM's 64-byte stages instead, at the same M.
+  const bool wgmma = cuda_ops::device_info().has_wgmma();
+  const auto cta_wgmma = wgmma ? std::optional(cuda_plan::LogitsKernel::kGemmWgmma) : std::nullopt;
+  check_logits({8, 64, true, DType::kF16, DType::kF16, 3001, 576, 256}, seed++, Backend::kFused, cta_wgmma);
+  check_logits({8, -1, false, DType::kBF16, DType::kBF16, 3001, 576, 70}, seed++, Backend::kFused, cta_wgmma);
 }
 
 // The staged GEMV with large activations: up to 72 KB (here M = 7) each CTA
@@ -426,7 +450,7 @@ void check_topk(const TopkCase& c, uint64_t seed, const std::function<void(Packe
   }
 }
 
-// bits × group × sym × dtype, crossed with every (V, M, k) of the issue's
+// bits × group × sym × dtype, crossed with every (V, M, k) of the top-k
 // sweep: V ∈ {1, 3, 50257, 151936} × M ∈ {1, 3, 16, 17, 64, 256} ×
 // k ∈ {1, 50, 200 (more than a CTA's tile step of 128 rows), 1000 (beyond the
 // fused epilogue's k), V (tiny V)}, with kAuto (logits, then the selection)
@@ -447,7 +471,7 @@ TEST(Cuda, TopkSweep) {
         const bool sym = ((sc >> 3) & 1) == 0;
         const DType act = ((sc >> 4) & 1) ? DType::kBF16 : DType::kF16;
         cases.push_back({bits, group, sym, act, V, M, k, Backend::kAuto});
-        // The fused epilogue (kFused) where it applies: M <= 8, k <= 256 (4- and 8-bit since v12).
+        // The pool epilogue (kFused) where it applies: M <= 8, k <= 256, 4- and 8-bit.
         if (M <= 8 && k <= 256) cases.push_back({bits, group, sym, act, V, M, k, Backend::kFused});
       }
     }
@@ -476,7 +500,7 @@ TEST(Cuda, TopkOtherPaths) {
             check_topk({bits, group, sym, act, 20011, M, 50, M <= 8 ? Backend::kFused : Backend::kAuto}, seed++);
 }
 
-// The list top-k of the v14 GEMM (kFused above 64 rows on sm_90; elsewhere
+// The list top-k of the warp-specialized GEMM (kFused above 64 rows on sm_90; elsewhere
 // logits, then selection): every group layout, zero points or not, both
 // activation dtypes, k from 1 to the epilogue's 256; M = 65 (one column tile,
 // 63 masked columns) and 130 (two tiles, half the SMs each); V with a
@@ -555,6 +579,60 @@ TEST(Cuda, TopkSmallShapes) {
   check_topk({4, 64, true, DType::kF16, 4099, 2, 1000, Backend::kFallbackBlas}, seed++);
   check_topk({4, 64, true, DType::kF16, 8192 + 5, 65, 50, Backend::kFused}, seed++);
   check_topk({8, 128, false, DType::kBF16, 16384 + 129, 70, 256, Backend::kFused}, seed++);
+}
+
+// Each top-k path, forced through the overrides, returns the same values and ids as
+// logits then select, and its plan names the path that ran (lists on sm_90 only).
+TEST(Cuda, TopkPathsAgreeAndNameThemselves) {
+  SKIP_WITHOUT_GPU();
+  using cuda_plan::TopkPath;
+  struct Row {
+    int64_t M;
+    TopkPath path;
+  };
+  const bool wgmma = cuda_ops::device_info().has_wgmma();
+  for (const Row& r : {Row{1, TopkPath::kPoolEpilogue}, Row{8, TopkPath::kPoolEpilogue}, Row{65, TopkPath::kLists},
+                       Row{130, TopkPath::kLists}}) {
+    if (r.path == TopkPath::kLists && !wgmma) continue;
+    SCOPED_TRACE("M=" + std::to_string(r.M) + " " + cuda_plan::topk_path_name(r.path));
+    QuantScheme s;
+    s.bits = 4;
+    s.group_size = 64;
+    s.scale_dtype = DType::kF16;
+    const int64_t V = 50257, H = 1024, k = 50;
+    const Table dev = cuda::to_device(Table::packed(random_packed(V, H, s, 5100 + uint64_t(r.M))));
+    const Tensor x = upload(random_tensor(DType::kF16, r.M, H, 5200 + uint64_t(r.M)));
+    auto run = [&](TopkPath path, Tensor& v, Tensor& i, Tensor& l) {
+      v = poisoned_device(DType::kF32, {r.M, k});
+      i = poisoned_device(DType::kI32, {r.M, k});
+      l = poisoned_device(DType::kF32, {r.M});
+      cuda_plan::LogitsOverrides ov;
+      ov.topk_path = path;
+      const cuda_plan::TopkPlan plan = cuda_ops::run_topk(dev, x.view(), k, v.view(), i.view(), l.view(), Backend::kFused, ov);
+      cuda::synchronize();
+      EXPECT_EQ(plan.path, path) << plan.describe();
+    };
+    Tensor v0, i0, l0, v1, i1, l1;
+    run(TopkPath::kLogitsThenSelect, v0, i0, l0);
+    run(r.path, v1, i1, l1);
+    const Tensor hv0 = download(v0), hi0 = download(i0), hl0 = download(l0);
+    const Tensor hv1 = download(v1), hi1 = download(i1), hl1 = download(l1);
+    // The same fused arithmetic per logit (f32 partial sums, one scale per group) in both; the
+    // ids agree where the values do not tie, the lse within a few ulp of f32 (sums in a different order).
+    int diff = 0;
+    for (int64_t j = 0; j < r.M * k; ++j) {
+      const float a = hv0.ptr<float>()[j], b = hv1.ptr<float>()[j];
+      if (std::fabs(a - b) > 1e-5f * std::max(1.0f, std::fabs(a)) && diff++ < 5)
+        ADD_FAILURE() << "value " << j << ": " << a << " vs " << b;
+      if (a == b && hi0.ptr<int32_t>()[j] != hi1.ptr<int32_t>()[j] && diff++ < 5)
+        ADD_FAILURE() << "id " << j << ": " << hi0.ptr<int32_t>()[j] << " vs " << hi1.ptr<int32_t>()[j];
+    }
+    for (int64_t m = 0; m < r.M; ++m) {
+      const float a = hl0.ptr<float>()[m], b = hl1.ptr<float>()[m];
+      EXPECT_NEAR(a, b, 1e-5 * std::max(1.0f, std::fabs(a))) << "lse row " << m;
+    }
+    EXPECT_EQ(diff, 0);
+  }
 }
 
 // Every row identical: all logits of a row tie, so every candidate list and
