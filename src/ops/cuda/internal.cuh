@@ -82,7 +82,7 @@ struct TableArgs {
   int H;
 };
 
-TableArgs table_args(const PackedTable& p) {
+inline TableArgs table_args(const PackedTable& p) {
   TableArgs t;
   t.packed = static_cast<const uint32_t*>(p.packed.data());
   t.scale = p.scale.data();

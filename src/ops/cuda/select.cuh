@@ -9,6 +9,9 @@ namespace qhead::cuda_ops {
 
 using namespace cuda_detail;
 
+// Internal linkage: each op file that includes this has its own copy.
+namespace {
+
 using cuda_plan::kSelPer;
 using cuda_plan::kSelThreads;
 using cuda_plan::kSlice;
@@ -258,4 +261,6 @@ struct SelectArgs {
   const float2* part_in = nullptr;
   int P0 = 0;
 };
+}  // namespace
+
 }  // namespace qhead::cuda_ops
