@@ -55,23 +55,27 @@ END = "<!-- perf_report:end {} -->"
 # family it forces; both the names of older binaries and design names map here.
 PATH_NAMES = {
     "fused_v7": "register-ring GEMV",
-    "gemv_regring": "register-ring GEMV",
+    "fused_gemv_regring": "register-ring GEMV",
+    "fused_gemv_staged": "staged GEMV",
     "fused_gemv": "GEMV kernels",
     "fused_mma": "mma.sync GEMM",
-    "gemm_mma_sync": "mma.sync GEMM",
+    "fused_gemm_mma_sync": "mma.sync GEMM",
     "fused_wgmma": "wgmma GEMM (by M)",
     "fused_wgmma_v11": "CTA-barrier wgmma GEMM",
-    "gemm_wgmma": "CTA-barrier wgmma GEMM",
+    "fused_gemm_wgmma": "CTA-barrier wgmma GEMM",
     "fused_wgmma_ws": "warp-specialized wgmma GEMM",
-    "gemm_wgmma_ws": "warp-specialized wgmma GEMM",
+    "fused_gemm_wgmma_ws": "warp-specialized wgmma GEMM",
 }
-# The kernel-family columns of the cuda-kernels table, in order.
+# The kernel-family columns of the cuda-kernels table, in order: the name, the
+# bench paths that force it, and the kernel name a "fused" row carries when
+# the plan chose it (its time then fills the column too).
 KERNEL_COLUMNS = [
-    ("register-ring GEMV", ("fused_v7", "gemv_regring")),
-    ("GEMV kernels", ("fused_gemv",)),
-    ("mma.sync GEMM", ("fused_mma", "gemm_mma_sync")),
-    ("CTA-barrier wgmma GEMM", ("fused_wgmma_v11", "gemm_wgmma")),
-    ("warp-specialized wgmma GEMM", ("fused_wgmma_ws", "gemm_wgmma_ws")),
+    ("register-ring GEMV", ("fused_v7", "fused_gemv_regring"), "gemv_regring"),
+    ("staged GEMV", ("fused_gemv_staged",), "gemv_staged"),
+    ("GEMV kernels", ("fused_gemv",), None),
+    ("mma.sync GEMM", ("fused_mma", "fused_gemm_mma_sync"), "gemm_mma_sync"),
+    ("CTA-barrier wgmma GEMM", ("fused_wgmma_v11", "fused_gemm_wgmma"), "gemm_wgmma"),
+    ("warp-specialized wgmma GEMM", ("fused_wgmma_ws", "fused_gemm_wgmma_ws"), "gemm_wgmma_ws"),
 ]
 
 
@@ -185,6 +189,10 @@ class Index:
         r = self.rows.get(case + (path,))
         return None if r is None else r.get("us_median")
 
+    def field(self, case, path, name):
+        r = self.rows.get(case + (path,))
+        return None if r is None else r.get(name)
+
     def row(self, case, path):
         return self.rows.get(case + (path,))
 
@@ -244,20 +252,25 @@ def table_cuda(benches: list[dict]) -> list[str]:
 
 def table_cuda_kernels(benches: list[dict]) -> list[str]:
     present = []
-    for name, paths in KERNEL_COLUMNS:
-        if any(r.get("path") in paths for b in benches for r in b["rows"]):
-            present.append((name, paths))
+    for name, paths, kernel in KERNEL_COLUMNS:
+        if any(r.get("path") in paths or (kernel and r.get("path") == "fused" and r.get("kernel") == kernel)
+               for b in benches for r in b["rows"]):
+            present.append((name, paths, kernel))
     rows = []
     for i, ix, c in all_cases(benches, act_default="f16"):
+        fused_kernel = ix.field(c, "fused", "kernel")
         cells = []
-        for _, paths in present:
+        for _, paths, kernel in present:
             us = next((ix.us(c, p) for p in paths if ix.us(c, p) is not None), None)
+            if us is None and kernel and fused_kernel == kernel:
+                us = ix.us(c, "fused")
             cells.append(fmt_us(us))
         if all(x == "—" for x in cells):
             continue
-        rows.append([c[0], c[1], c[2], str(c[3]), fmt_us(ix.us(c, "fused"))] + cells + [str(i)])
-    header = ["shape", "scheme", "act", "M", "fused µs (the selected kernel)"] + [n + " µs" for n, _ in present] + ["run"]
-    align = ["l", "l", "l"] + ["r"] * (len(header) - 3)
+        rows.append([c[0], c[1], c[2], str(c[3]), fmt_us(ix.us(c, "fused")), fused_kernel or "—"] + cells + [str(i)])
+    header = (["shape", "scheme", "act", "M", "fused µs (the selected kernel)", "selected"] +
+              [n + " µs" for n, _, _ in present] + ["run"])
+    align = ["l", "l", "l"] + ["r"] * 2 + ["l"] + ["r"] * (len(header) - 6)
     return table(header, align, rows) + [""] + runs_list(benches)
 
 
