@@ -33,7 +33,7 @@
 #include "qhead/checked.h"
 #include "qhead/dtype.h"
 #include "qhead/error.h"
-#include "qhead/parallel.h"
+#include "core/parallel.h"
 
 namespace qhead {
 

@@ -18,7 +18,7 @@
 #include "io/json_file.h"
 #include "io/pattern.h"
 #include "qhead/error.h"
-#include "qhead/parallel.h"
+#include "core/parallel.h"
 #include "qhead/safetensors.h"
 #include "qhead/table.h"
 
