@@ -1003,38 +1003,39 @@ void write_temp(WritePlan& p, const ModelWriteOptions& o) {
   write_json(p.tmp.path / "config.json", p.cfg);
 }
 
-// Re-opens the temporary directory as a reader would (load_model_tables) and
-// checks it: the tie, each job's tensors equal to what was quantized, kept
-// roles as they were, every other tensor byte-identical to the input's, and
-// no tensor missing or extra. Then fills the report's role sizes and files
-// from what is stored now.
-void verify_temp(WritePlan& p, const ModelWriteOptions& o) {
+[[noreturn]] void read_back_failed(const std::string& what) {
+  fail(ErrorCode::kInternal, kOp, "the written directory does not read back as written: " + what);
+}
+
+// The roles as a reader loads them from the temporary directory (`got`,
+// `back`): the tie as it was, each job's packed tensors equal to what was
+// quantized, kept roles as they were.
+void check_roles_read_back(const WritePlan& p, const ModelInfo& got, const TokenTables& back) {
   const ModelInfo& info = p.info;
-  ModelWriteReport& rep = p.rep;
-  ModelInfo got;
-  const TokenTables back = load_model_tables(p.tmp.path.string(), o.overrides, &got);
-  auto bad = [&](const std::string& what) {
-    fail(ErrorCode::kInternal, kOp, "the written directory does not read back as written: " + what);
-  };
-  if (got.tied != info.tied) bad("tie changed");
-  if (back.tied() != p.tables.tied()) bad("tied tables are not one table");
+  if (got.tied != info.tied) read_back_failed("tie changed");
+  if (back.tied() != p.tables.tied()) read_back_failed("tied tables are not one table");
   for (const Job& j : p.jobs) {
     const Table& t = j.role == &info.embedding ? back.embedding : back.head;
     const ModelInfo::Role& r = j.role == &info.embedding ? got.embedding : got.head;
     if (!t.is_packed() || !r.scheme || !(*r.scheme == j.scheme))
-      bad(j.module + " does not load as " + j.scheme.name() + " (" + describe(r) + ")");
+      read_back_failed(j.module + " does not load as " + j.scheme.name() + " (" + describe(r) + ")");
     const PackedTable& pt = t.packed();
     if (!same_bytes(pt.packed.view(), j.q.packed.view()) || !same_bytes(pt.scale.view(), j.q.scale.view()) ||
         (!j.scheme.symmetric && !same_bytes(pt.zero_point.view(), j.q.zero_point.view())))
-      bad(j.module + "'s packed tensors differ from what was quantized");
+      read_back_failed(j.module + "'s packed tensors differ from what was quantized");
   }
   // Kept roles load as they did.
   auto kept_same = [&](const ModelInfo::Role& a, const ModelInfo::Role& b) {
     return a.packed == b.packed && a.scheme == b.scheme && a.dtype == b.dtype;
   };
-  if (!p.se && !kept_same(info.embedding, got.embedding)) bad("the kept embedding changed");
-  if (!p.sh && !kept_same(info.head, got.head)) bad("the kept head changed");
-  // Every tensor: either one we added, or byte-identical to the input's.
+  if (!p.se && !kept_same(info.embedding, got.embedding)) read_back_failed("the kept embedding changed");
+  if (!p.sh && !kept_same(info.head, got.head)) read_back_failed("the kept head changed");
+}
+
+// Every tensor of the temporary directory: either one we added, equal to
+// what was written, or byte-identical to the input's; none missing, none
+// extra. Counts them into the report.
+void check_tensors_read_back(WritePlan& p) {
   const InputFiles outf = open_inputs(p.tmp.path);
   std::set<std::string> expect_names;
   for (const auto& [n, i] : p.in.where) {
@@ -1051,17 +1052,22 @@ void verify_temp(WritePlan& p, const ModelWriteOptions& o) {
     const Tensor t = outf.files[i].get(n);
     auto a = p.added_views.find(n);
     if (a != p.added_views.end()) {
-      if (!same_bytes(t.view(), *a->second)) bad(n + " differs from what was quantized");
+      if (!same_bytes(t.view(), *a->second)) read_back_failed(n + " differs from what was quantized");
     } else {
       auto w = p.in.where.find(n);
-      if (w == p.in.where.end()) bad("unexpected tensor " + n);
-      if (!same_bytes(t.view(), p.in.files[w->second].get(n).view())) bad(n + " differs from the input");
+      if (w == p.in.where.end()) read_back_failed("unexpected tensor " + n);
+      if (!same_bytes(t.view(), p.in.files[w->second].get(n).view())) read_back_failed(n + " differs from the input");
     }
-    ++rep.tensors_checked;
+    ++p.rep.tensors_checked;
   }
-  if (got_names != expect_names) bad("the set of tensor names is not the expected one");
-  rep.verified = true;
-  // Sizes of what is stored now.
+  if (got_names != expect_names) read_back_failed("the set of tensor names is not the expected one");
+}
+
+// The report's roles from what is stored now (`got`): names, what they were,
+// sizes before and after, file, scheme. A tied head is not stored apart.
+void fill_role_reports(WritePlan& p, const ModelInfo& got) {
+  const ModelInfo& info = p.info;
+  ModelWriteReport& rep = p.rep;
   auto fill = [&](ModelWriteReport::Role& rr, const ModelInfo::Role& before, const ModelInfo::Role& after,
                   const char* role) {
     rr.role = role;
@@ -1080,6 +1086,18 @@ void verify_temp(WritePlan& p, const ModelWriteOptions& o) {
     rep.head.bytes_after = 0;
     rep.head.file.clear();
   }
+}
+
+// Re-opens the temporary directory as a reader would (load_model_tables),
+// checks the roles and every tensor, and fills the report from what is
+// stored now.
+void verify_temp(WritePlan& p, const ModelWriteOptions& o) {
+  ModelInfo got;
+  const TokenTables back = load_model_tables(p.tmp.path.string(), o.overrides, &got);
+  check_roles_read_back(p, got, back);
+  check_tensors_read_back(p);
+  p.rep.verified = true;
+  fill_role_reports(p, got);
 }
 
 // What happened to each role: quantized / requantized / kept / shared.
