@@ -232,10 +232,47 @@ void read_metadata(const std::string& path, const json& value, std::map<std::str
   }
 }
 
-// A tensor entry: an object with exactly dtype (a safetensors spelling), shape
-// (non-negative int64 dims whose element count fits in int64) and
-// data_offsets [begin, end] holding exactly that many elements, inside the
-// data section of `data_size` bytes.
+// dtype: one of the safetensors spellings.
+DType entry_dtype(const std::string& path, const std::string& name, const json& jt) {
+  if (!jt.is_string()) fail_tensor(path, name, std::string("dtype must be a string, got ") + jt.type_name());
+  const auto dt = parse_dtype(jt.get<std::string>());
+  if (!dt) fail_tensor(path, name, "unknown dtype \"" + printable(jt.get<std::string>()) + "\"");
+  return *dt;
+}
+
+// shape: an array of non-negative integers, each representable as int64,
+// whose element count (*numel) fits in int64.
+Shape entry_shape(const std::string& path, const std::string& name, const json& js, uint64_t* numel) {
+  if (!js.is_array())
+    fail_tensor(path, name, std::string("shape must be an array of non-negative integers, got ") + js.type_name());
+  Shape shape;
+  for (const json& d : js) {
+    uint64_t dim = 0;
+    if (!as_unsigned(d, &dim) || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail_tensor(path, name, "shape must be an array of non-negative integers, got " + short_dump(js));
+    shape.push_back(static_cast<int64_t>(dim));
+  }
+  // Element count: the product of the non-zero dims must fit in int64, so
+  // that shape_numel() (which multiplies in order) can never overflow.
+  uint64_t nonzero_product = 1;
+  bool has_zero = false;
+  for (int64_t d : shape) {
+    if (d == 0) {
+      has_zero = true;
+      continue;
+    }
+    const auto p = checked_mul(nonzero_product, static_cast<uint64_t>(d));
+    if (!p || *p > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail_tensor(path, name, "element count of shape " + shape_str(shape) + " overflows");
+    nonzero_product = *p;
+  }
+  *numel = has_zero ? 0 : nonzero_product;
+  return shape;
+}
+
+// A tensor entry: an object with exactly dtype, shape and data_offsets
+// [begin, end] (0 <= begin <= end) holding exactly the shape's elements,
+// inside the data section of `data_size` bytes.
 TensorRange read_entry(const std::string& path, const std::string& name, const json& value, size_t data_size) {
   if (!value.is_object())
     fail_tensor(path, name, std::string("entry must be an object, got ") + value.type_name());
@@ -249,47 +286,15 @@ TensorRange read_entry(const std::string& path, const std::string& name, const j
 
   TensorRange e{};
   e.name = name;
-  // dtype: one of the safetensors spellings.
-  const json& jt = value.at("dtype");
-  if (!jt.is_string()) fail_tensor(path, name, std::string("dtype must be a string, got ") + jt.type_name());
-  const auto dt = parse_dtype(jt.get<std::string>());
-  if (!dt) fail_tensor(path, name, "unknown dtype \"" + printable(jt.get<std::string>()) + "\"");
-  e.dtype = *dt;
-
-  // shape: array of non-negative integers, each representable as int64.
-  const json& js = value.at("shape");
-  if (!js.is_array())
-    fail_tensor(path, name, std::string("shape must be an array of non-negative integers, got ") + js.type_name());
-  for (const json& d : js) {
-    uint64_t dim = 0;
-    if (!as_unsigned(d, &dim) || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      fail_tensor(path, name, "shape must be an array of non-negative integers, got " + short_dump(js));
-    e.shape.push_back(static_cast<int64_t>(dim));
-  }
-  // Element count: the product of the non-zero dims must fit in int64, so
-  // that shape_numel() (which multiplies in order) can never overflow.
-  uint64_t nonzero_product = 1;
-  bool has_zero = false;
-  for (int64_t d : e.shape) {
-    if (d == 0) {
-      has_zero = true;
-      continue;
-    }
-    const auto p = checked_mul(nonzero_product, static_cast<uint64_t>(d));
-    if (!p || *p > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-      fail_tensor(path, name, "element count of shape " + shape_str(e.shape) + " overflows");
-    nonzero_product = *p;
-  }
-  const uint64_t numel = has_zero ? 0 : nonzero_product;
-
-  // data_offsets: exactly [begin, end] with 0 <= begin <= end.
+  e.dtype = entry_dtype(path, name, value.at("dtype"));
+  uint64_t numel = 0;
+  e.shape = entry_shape(path, name, value.at("shape"), &numel);
   const json& jo = value.at("data_offsets");
   uint64_t begin = 0, end = 0;
   if (!jo.is_array() || jo.size() != 2 || !as_unsigned(jo[0], &begin) || !as_unsigned(jo[1], &end))
     fail_tensor(path, name, "data_offsets must be an array of exactly two non-negative integers, got " + short_dump(jo));
   if (begin > end)
     fail_tensor(path, name, "data_offsets begin " + std::to_string(begin) + " > end " + std::to_string(end));
-
   // The byte range must hold exactly numel elements of dtype (overflow-checked).
   const auto need = checked_mul(numel, static_cast<uint64_t>(dtype_size(e.dtype)));
   if (!need || *need != end - begin)
