@@ -22,7 +22,7 @@
 #include "commands.h"
 #include "qhead/cuda.h"
 #include "qhead/error.h"
-#include "qhead/parallel.h"
+#include "qhead/ops.h"
 #include "qhead/scheme.h"
 #include "version.h"
 

@@ -13,6 +13,10 @@
 #include <atomic>
 #include <cstring>
 #include <chrono>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <cmath>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -21,7 +25,6 @@
 
 #include "commands.h"
 #include "qhead/ops.h"
-#include "qhead/parallel.h"
 #include "qhead/quantize.h"
 #include "qhead/safetensors.h"
 
@@ -47,11 +50,37 @@ float gauss(uint64_t key) {
   return float((s - 2.0) * std::sqrt(3.0));
 }
 
+// Calls fn(worker, begin, end) once per worker on disjoint chunks covering
+// [0, n), the workers (up to `threads`, <= 0: default_num_threads()) running
+// at once; the first exception a worker throws is rethrown here. Returns the
+// number of workers.
+int for_each_chunk(int64_t n, int threads, const std::function<void(int, int64_t, int64_t)>& fn) {
+  const int workers = int(std::max<int64_t>(1, std::min<int64_t>(threads > 0 ? threads : default_num_threads(), n)));
+  const int64_t chunk = (n + workers - 1) / workers;
+  std::exception_ptr first_error;
+  std::mutex mu;
+  auto run = [&](int w) {
+    try {
+      const int64_t b = std::min(n, w * chunk), e = std::min(n, b + chunk);
+      if (b < e) fn(w, b, e);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!first_error) first_error = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < workers; ++w) pool.emplace_back(run, w);
+  run(0);
+  for (auto& t : pool) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+  return workers;
+}
+
 // An embedding-like table: per-row scale in [0.5, 1.5] x 0.02, occasional outliers.
 Tensor make_table(int threads) {
   Tensor t = Tensor::empty(DType::kBF16, {kVocab, kHidden});
   auto* p = t.ptr<uint16_t>();
-  parallel_for(kVocab, 1024, [&](int64_t b, int64_t e) {
+  for_each_chunk(kVocab, threads, [&](int, int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
       const float row_scale = 0.02f * float(0.5 + unit(uint64_t(r) ^ 0xabcdefull));
       for (int64_t j = 0; j < kHidden; ++j) {
@@ -61,7 +90,7 @@ Tensor make_table(int threads) {
         p[r * kHidden + j] = f32_to_bf16(v);
       }
     }
-  }, threads);
+  });
   return t;
 }
 
@@ -129,10 +158,9 @@ int run_demo(const DemoArgs& a) {
   t0 = clock::now();
   constexpr double kSlackBound = 1.0 + 2.0 * 7.5 / 256.0;
   std::atomic<int64_t> violations{0};
-  std::vector<double> worst(size_t(default_num_threads() + 64), 0.0);
-  std::atomic<int> slot{0};
-  parallel_for(kVocab, 1024, [&](int64_t b, int64_t e) {
-    const int my = slot++;
+  const int workers = int(std::min<int64_t>(a.threads > 0 ? a.threads : default_num_threads(), kVocab));
+  std::vector<double> worst(size_t(std::max(workers, 1)), 0.0);  // one slot per worker
+  for_each_chunk(kVocab, workers, [&](int my, int64_t b, int64_t e) {
     std::vector<float> wq(kHidden), wd(kHidden);
     for (int64_t r = b; r < e; ++r) {
       q.row_f32(r, wq.data());
@@ -144,7 +172,7 @@ int run_demo(const DemoArgs& a) {
         if (ratio > kSlackBound) violations++;
       }
     }
-  }, a.threads);
+  });
   const double worst_ratio = *std::max_element(worst.begin(), worst.end());
   checks.push_back({"quantization error |w - w_q| <= s/2 (1 + 0.0586 for BF16 rounding)", violations == 0,
                     fmt::format("max |w - w_q| / (s/2) = {:.4f} over {} values ({:.1f} s)", worst_ratio,

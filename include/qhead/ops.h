@@ -87,6 +87,9 @@ std::vector<CpuIsa> available_cpu_isas();
 // restores the default. Throws Error(kUnsupported) for an ISA this CPU lacks.
 void set_cpu_isa(CpuIsa isa);
 CpuIsa active_cpu_isa();  // what kAuto runs now
+// The thread count qhead uses where none is given: QHEAD_NUM_THREADS when it
+// starts with a positive integer, else the hardware threads (at least 1).
+int default_num_threads();
 // Worker threads of the CPU fast paths (the caller included), kept in a pool
 // created once; n <= 0: default_num_threads(). Call it between ops, not
 // during one.

@@ -1,4 +1,4 @@
-#include "qhead/parallel.h"
+#include "core/parallel.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -1,5 +1,6 @@
 // Device helpers of the sharded ops: the candidate pack and merge of the
-// top-k exchange, and the id ownership of the sharded embed.
+// top-k exchange, the id ownership of the sharded embed, and the flag and
+// strided copies around them.
 #include <cuda_runtime.h>
 
 #include "cuda/common.cuh"
@@ -132,6 +133,24 @@ void zero_unowned(void* out, int64_t n, int64_t row_bytes, const uint8_t* owned,
   if (n == 0 || row_bytes == 0) return;
   zero_unowned_kernel<<<unsigned(n), 256, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<char*>(out), row_bytes, owned);
   QHEAD_CUDA_CHECK_LAUNCH("dist zero_unowned_kernel");
+}
+
+void clear_flag(int* flag, void* stream) {
+  QHEAD_CUDA_CHECK(cudaMemsetAsync(flag, 0, sizeof(int), static_cast<cudaStream_t>(stream)));
+}
+
+int read_flag(const int* flag, void* stream) {
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  int v = 0;
+  QHEAD_CUDA_CHECK(cudaMemcpyAsync(&v, flag, sizeof v, cudaMemcpyDeviceToHost, s));
+  QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));
+  return v;
+}
+
+void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, int64_t rows,
+               void* stream) {
+  QHEAD_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, size_t(rows), cudaMemcpyDeviceToDevice,
+                                     static_cast<cudaStream_t>(stream)));
 }
 
 }  // namespace qhead::dist::kernels

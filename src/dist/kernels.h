@@ -4,6 +4,7 @@
 // qhead::Error on a launch failure; built without CUDA they throw kUnsupported.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace qhead::dist::kernels {
@@ -29,5 +30,15 @@ void map_ids(const void* ids, bool ids_i64, int64_t n, int64_t begin, int64_t en
 
 // Zeroes rows i of out ([n, row_bytes]) whose owned[i] is 0.
 void zero_unowned(void* out, int64_t n, int64_t row_bytes, const uint8_t* owned, void* stream);
+
+// The out-of-range flag of map_ids: set to 0 (on the stream), and read back
+// to the host (waits for the stream).
+void clear_flag(int* flag, void* stream);
+int read_flag(const int* flag, void* stream);
+
+// Copies `rows` rows of `row_bytes` bytes from src (a row every src_pitch
+// bytes) to dst (a row every dst_pitch bytes), device to device.
+void copy_rows(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes, int64_t rows,
+               void* stream);
 
 }  // namespace qhead::dist::kernels

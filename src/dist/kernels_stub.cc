@@ -20,6 +20,9 @@ void pack_candidates(const float*, const int32_t*, const float*, int64_t, int64_
 void merge_candidates(const uint64_t*, int, int64_t, int64_t, float*, int32_t*, float*, void*) { no_cuda(); }
 void map_ids(const void*, bool, int64_t, int64_t, int64_t, int64_t, int32_t*, uint8_t*, int*, void*) { no_cuda(); }
 void zero_unowned(void*, int64_t, int64_t, const uint8_t*, void*) { no_cuda(); }
+void clear_flag(int*, void*) { no_cuda(); }
+int read_flag(const int*, void*) { no_cuda(); }
+void copy_rows(void*, size_t, const void*, size_t, size_t, int64_t, void*) { no_cuda(); }
 
 }  // namespace kernels
 }  // namespace qhead::dist

@@ -56,6 +56,9 @@ bool overridden(const char* kv) {
 
 }  // namespace
 
+// Set by launch for every rank (and read by Comm::from_env).
+bool Comm::in_launched_process() { return std::getenv("QHEAD_TP_RANK") != nullptr; }
+
 std::vector<int> launch(int n, const std::vector<std::string>& argv, const LaunchOptions& opt) {
   if (n < 1) fail(ErrorCode::kInvalidArgument, "the number of ranks must be >= 1, got " + std::to_string(n));
   if (argv.empty() || argv[0].empty()) fail(ErrorCode::kInvalidArgument, "no command to run");

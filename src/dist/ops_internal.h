@@ -1,5 +1,6 @@
-// Internal pieces of the sharded ops that the tensor-parallel benchmark times
-// one by one (src/dist/comm_nccl.cc).
+// Internal pieces of the sharded ops (src/dist/sharded_ops.cc): the
+// communicator's workspace slots, the halves of topk that the tensor-parallel
+// benchmark times one by one, and the error of a build without NCCL.
 #pragma once
 
 #include "qhead/dist.h"
@@ -26,5 +27,8 @@ int64_t local_topk(const Comm& comm, const ShardedTable& t, const TensorView& x,
 // all-gather, the merge into values/ids/lse.
 void exchange_topk(const Comm& comm, const ShardedTable& t, int64_t m, int64_t k_local, int64_t k,
                    const TensorView& values, const TensorView& ids, const TensorView& lse);
+
+// Throws Error(kUnsupported, op): this build has no NCCL (QHEAD_NCCL=OFF).
+[[noreturn]] void no_nccl(const char* op);
 
 }  // namespace qhead::dist::internal

@@ -1,5 +1,5 @@
-// gguf.cc — validated mmap reader for GGUF files and exact dequantization of
-// the common ggml types.
+// gguf.cc — validated mmap reader for GGUF files, the ggml type table, and
+// the dequantization and token-table entry points.
 //
 // Reader: the whole file is mapped read-only once and parsed front to back by
 // a bounds-checked cursor: every count or length is compared with the bytes
@@ -8,11 +8,9 @@
 // file size. After open() returns, data() and the dequantizers only touch
 // ranges that were checked.
 //
-// Dequantization reproduces ggml's reference dequantize_row_* (ggml-quants.c)
-// and the gguf Python package's numpy port of it, operation for operation in
-// f32: the block scale is widened from f16, multiplied by the (integer) code,
-// and the min is added or subtracted afterwards — never fused (this file is
-// compiled with -ffp-contract=off), so the results are bit-identical.
+// Dequantization: the type table below holds each type's kernel
+// (gguf_dequant.cc, which reproduces ggml's reference dequantize_row_*
+// bit for bit); gguf_dequantize runs it over the rows.
 
 #include "qhead/gguf.h"
 
@@ -30,10 +28,11 @@
 
 #include "core/printable.h"
 #include "io/fd_guard.h"
+#include "io/gguf_dequant.h"
 #include "qhead/checked.h"
 #include "qhead/dtype.h"
 #include "qhead/error.h"
-#include "qhead/parallel.h"
+#include "core/parallel.h"
 
 namespace qhead {
 
@@ -232,29 +231,40 @@ GgufValue parse_value(Cursor& c, GgufValueType t, const std::string& key, int de
   return v;
 }
 
-// Type table: name, block size, bytes per block, dequantizable by qhead.
+// The type table, one row per ggml type: id, name, values per block, bytes
+// per block, and the dequantizer (gguf_dequant.cc; nullptr: a type qhead
+// reads the geometry of but does not dequantize).
 struct TypeRow {
   uint32_t id;
-  GgmlTypeTraits traits;
+  const char* name;
+  int64_t block_size;
+  int64_t type_size;
+  io::GgufDequantFn dequant;
 };
 constexpr TypeRow kTypes[] = {
-    {0, {"F32", 1, 4, true}},         {1, {"F16", 1, 2, true}},
-    {2, {"Q4_0", 32, 18, true}},      {3, {"Q4_1", 32, 20, true}},
-    {6, {"Q5_0", 32, 22, true}},      {7, {"Q5_1", 32, 24, true}},
-    {8, {"Q8_0", 32, 34, true}},      {9, {"Q8_1", 32, 40, false}},
-    {10, {"Q2_K", 256, 84, false}},   {11, {"Q3_K", 256, 110, false}},
-    {12, {"Q4_K", 256, 144, true}},   {13, {"Q5_K", 256, 176, true}},
-    {14, {"Q6_K", 256, 210, true}},   {15, {"Q8_K", 256, 292, false}},
-    {16, {"IQ2_XXS", 256, 66, false}}, {17, {"IQ2_XS", 256, 74, false}},
-    {18, {"IQ3_XXS", 256, 98, false}}, {19, {"IQ1_S", 256, 50, false}},
-    {20, {"IQ4_NL", 32, 18, false}},  {21, {"IQ3_S", 256, 110, false}},
-    {22, {"IQ2_S", 256, 82, false}},  {23, {"IQ4_XS", 256, 136, false}},
-    {24, {"I8", 1, 1, false}},        {25, {"I16", 1, 2, false}},
-    {26, {"I32", 1, 4, false}},       {27, {"I64", 1, 8, false}},
-    {28, {"F64", 1, 8, false}},       {29, {"IQ1_M", 256, 56, false}},
-    {30, {"BF16", 1, 2, true}},       {34, {"TQ1_0", 256, 54, false}},
-    {35, {"TQ2_0", 256, 66, false}},  {39, {"MXFP4", 32, 17, false}},
+    {0, "F32", 1, 4, io::deq_f32},          {1, "F16", 1, 2, io::deq_f16},
+    {2, "Q4_0", 32, 18, io::deq_q4_0},      {3, "Q4_1", 32, 20, io::deq_q4_1},
+    {6, "Q5_0", 32, 22, io::deq_q5_0},      {7, "Q5_1", 32, 24, io::deq_q5_1},
+    {8, "Q8_0", 32, 34, io::deq_q8_0},      {9, "Q8_1", 32, 40, nullptr},
+    {10, "Q2_K", 256, 84, nullptr},         {11, "Q3_K", 256, 110, nullptr},
+    {12, "Q4_K", 256, 144, io::deq_q4_k},   {13, "Q5_K", 256, 176, io::deq_q5_k},
+    {14, "Q6_K", 256, 210, io::deq_q6_k},   {15, "Q8_K", 256, 292, nullptr},
+    {16, "IQ2_XXS", 256, 66, nullptr},      {17, "IQ2_XS", 256, 74, nullptr},
+    {18, "IQ3_XXS", 256, 98, nullptr},      {19, "IQ1_S", 256, 50, nullptr},
+    {20, "IQ4_NL", 32, 18, nullptr},        {21, "IQ3_S", 256, 110, nullptr},
+    {22, "IQ2_S", 256, 82, nullptr},        {23, "IQ4_XS", 256, 136, nullptr},
+    {24, "I8", 1, 1, nullptr},              {25, "I16", 1, 2, nullptr},
+    {26, "I32", 1, 4, nullptr},             {27, "I64", 1, 8, nullptr},
+    {28, "F64", 1, 8, nullptr},             {29, "IQ1_M", 256, 56, nullptr},
+    {30, "BF16", 1, 2, io::deq_bf16},       {34, "TQ1_0", 256, 54, nullptr},
+    {35, "TQ2_0", 256, 66, nullptr},        {39, "MXFP4", 32, 17, nullptr},
 };
+
+const TypeRow* type_row(uint32_t type) {
+  for (const auto& row : kTypes)
+    if (row.id == type) return &row;
+  return nullptr;
+}
 
 std::string shape_text(const Shape& s) { return shape_str(s); }
 std::string ne_str(const std::vector<uint64_t>& ne) {
@@ -322,192 +332,12 @@ std::string type_text(const GgufValue& v) {
   return t + ">[" + num(v.count) + "]";
 }
 
-// ---- dequantization kernels (one block run each) ------------------------------
-//
-// Each takes `nb` consecutive blocks at `x` and writes nb × block_size values
-// to y. Block layouts (ggml-common.h), all little-endian:
-//   Q4_0  {f16 d; u8 qs[16]}                 32 values: (q - 8)·d
-//   Q4_1  {f16 d, m; u8 qs[16]}              32 values: q·d + m
-//   Q5_0  {f16 d; u8 qh[4]; u8 qs[16]}       32 values: (q - 16)·d, q 5 bits
-//   Q5_1  {f16 d, m; u8 qh[4]; u8 qs[16]}    32 values: q·d + m
-//   Q8_0  {f16 d; i8 qs[32]}                 32 values: q·d
-// In the 32-value blocks byte j holds value j (low nibble) and value j + 16
-// (high nibble); the fifth bit of value j is bit j of qh (a u32).
-//   Q4_K  {f16 d, dmin; u8 scales[12]; u8 qs[128]}           256 values
-//   Q5_K  {f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]} 256 values
-//   Q6_K  {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}       256 values
-// Q4_K/Q5_K: 8 sub-blocks of 32, each with a 6-bit scale and min packed into
-// `scales` (see scale_min_k4); value = (d·sc)·q − (dmin·m). Q6_K: 16
-// sub-blocks of 16 with an int8 scale; value = (d·sc)·(q − 32).
-
-float h2f(const unsigned char* p) { return f16_to_f32(rd16(p)); }
-
-void deq_q4_0(const unsigned char* x, float* y, int64_t nb) {
-  for (int64_t b = 0; b < nb; ++b, x += 18, y += 32) {
-    const float d = h2f(x);
-    const unsigned char* qs = x + 2;
-    for (int j = 0; j < 16; ++j) {
-      y[j] = static_cast<float>((qs[j] & 0x0F) - 8) * d;
-      y[j + 16] = static_cast<float>((qs[j] >> 4) - 8) * d;
-    }
-  }
-}
-
-void deq_q4_1(const unsigned char* x, float* y, int64_t nb) {
-  for (int64_t b = 0; b < nb; ++b, x += 20, y += 32) {
-    const float d = h2f(x), m = h2f(x + 2);
-    const unsigned char* qs = x + 4;
-    for (int j = 0; j < 16; ++j) {
-      y[j] = static_cast<float>(qs[j] & 0x0F) * d + m;
-      y[j + 16] = static_cast<float>(qs[j] >> 4) * d + m;
-    }
-  }
-}
-
-void deq_q5_0(const unsigned char* x, float* y, int64_t nb) {
-  for (int64_t b = 0; b < nb; ++b, x += 22, y += 32) {
-    const float d = h2f(x);
-    const uint32_t qh = rd32(x + 2);
-    const unsigned char* qs = x + 6;
-    for (int j = 0; j < 16; ++j) {
-      const int hi0 = static_cast<int>((qh >> j) & 1u) << 4;
-      const int hi1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
-      y[j] = static_cast<float>(((qs[j] & 0x0F) | hi0) - 16) * d;
-      y[j + 16] = static_cast<float>(((qs[j] >> 4) | hi1) - 16) * d;
-    }
-  }
-}
-
-void deq_q5_1(const unsigned char* x, float* y, int64_t nb) {
-  for (int64_t b = 0; b < nb; ++b, x += 24, y += 32) {
-    const float d = h2f(x), m = h2f(x + 2);
-    const uint32_t qh = rd32(x + 4);
-    const unsigned char* qs = x + 8;
-    for (int j = 0; j < 16; ++j) {
-      const int hi0 = static_cast<int>((qh >> j) & 1u) << 4;
-      const int hi1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
-      y[j] = static_cast<float>((qs[j] & 0x0F) | hi0) * d + m;
-      y[j + 16] = static_cast<float>((qs[j] >> 4) | hi1) * d + m;
-    }
-  }
-}
-
-void deq_q8_0(const unsigned char* x, float* y, int64_t nb) {
-  for (int64_t b = 0; b < nb; ++b, x += 34, y += 32) {
-    const float d = h2f(x);
-    for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(static_cast<int8_t>(x[2 + j])) * d;
-  }
-}
-
-// Scale and min of sub-block j (0..7) from the 12 packed bytes of a Q4_K/Q5_K
-// block: sub-blocks 0..3 keep 6 bits in bytes j (scale) and j + 4 (min);
-// sub-blocks 4..7 keep their low 4 bits in byte j + 4 (scale low nibble, min
-// high nibble) and their top 2 bits in the top bits of bytes j − 4 (scale)
-// and j (min).
-void scale_min_k4(int j, const unsigned char* q, int* sc, int* m) {
-  if (j < 4) {
-    *sc = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *sc = (q[j + 4] & 0x0F) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
-
-void deq_q4_k(const unsigned char* x, float* y, int64_t nb) {
-  for (int64_t b = 0; b < nb; ++b, x += 144) {
-    const float d = h2f(x), dmin = h2f(x + 2);
-    const unsigned char* scales = x + 4;
-    const unsigned char* q = x + 16;
-    // Four 64-value chunks; chunk c uses 32 bytes of qs: low nibbles are
-    // sub-block 2c, high nibbles sub-block 2c + 1.
-    for (int c = 0; c < 4; ++c, q += 32) {
-      int sc, m;
-      scale_min_k4(2 * c, scales, &sc, &m);
-      const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-      scale_min_k4(2 * c + 1, scales, &sc, &m);
-      const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
-      for (int l = 0; l < 32; ++l) *y++ = d1 * static_cast<float>(q[l] & 0x0F) - m1;
-      for (int l = 0; l < 32; ++l) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
-    }
-  }
-}
-
-void deq_q5_k(const unsigned char* x, float* y, int64_t nb) {
-  for (int64_t b = 0; b < nb; ++b, x += 176) {
-    const float d = h2f(x), dmin = h2f(x + 2);
-    const unsigned char* scales = x + 4;
-    const unsigned char* qh = x + 16;
-    const unsigned char* ql = x + 48;
-    // As Q4_K; the fifth bit of value l of sub-block s is bit s of qh[l].
-    for (int c = 0; c < 4; ++c, ql += 32) {
-      int sc, m;
-      scale_min_k4(2 * c, scales, &sc, &m);
-      const float d1 = d * static_cast<float>(sc), m1 = dmin * static_cast<float>(m);
-      scale_min_k4(2 * c + 1, scales, &sc, &m);
-      const float d2 = d * static_cast<float>(sc), m2 = dmin * static_cast<float>(m);
-      const int s1 = 2 * c, s2 = 2 * c + 1;
-      for (int l = 0; l < 32; ++l)
-        *y++ = d1 * static_cast<float>((ql[l] & 0x0F) | (((qh[l] >> s1) & 1) << 4)) - m1;
-      for (int l = 0; l < 32; ++l)
-        *y++ = d2 * static_cast<float>((ql[l] >> 4) | (((qh[l] >> s2) & 1) << 4)) - m2;
-    }
-  }
-}
-
-void deq_q6_k(const unsigned char* x, float* y, int64_t nb) {
-  for (int64_t b = 0; b < nb; ++b, x += 210) {
-    const float d = h2f(x + 208);
-    const unsigned char* ql = x;
-    const unsigned char* qh = x + 128;
-    const auto* sc = reinterpret_cast<const int8_t*>(x + 192);
-    // Two 128-value halves, each from 64 bytes of ql and 32 of qh: value
-    // l + 32·k (k = 0..3) takes nibble (k / 2) of ql[l + 32·(k % 2)] and bits
-    // 2k..2k+1 of qh[l]; sub-block of 16 values → scale sc[l / 16 + 2k].
-    for (int h = 0; h < 2; ++h, ql += 64, qh += 32, sc += 8, y += 128) {
-      for (int l = 0; l < 32; ++l) {
-        const int is = l / 16;
-        const int q1 = ((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32;
-        const int q2 = ((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32;
-        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-        y[l] = d * static_cast<float>(sc[is]) * static_cast<float>(q1);
-        y[l + 32] = d * static_cast<float>(sc[is + 2]) * static_cast<float>(q2);
-        y[l + 64] = d * static_cast<float>(sc[is + 4]) * static_cast<float>(q3);
-        y[l + 96] = d * static_cast<float>(sc[is + 6]) * static_cast<float>(q4);
-      }
-    }
-  }
-}
-
-void deq_f32(const unsigned char* x, float* y, int64_t n) { std::memcpy(y, x, static_cast<size_t>(n) * 4); }
-void deq_f16(const unsigned char* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = f16_to_f32(rd16(x + 2 * i));
-}
-void deq_bf16(const unsigned char* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = bf16_to_f32(rd16(x + 2 * i));
-}
-
-using BlockFn = void (*)(const unsigned char*, float*, int64_t);
-BlockFn block_fn(uint32_t type) {
-  switch (static_cast<GgmlType>(type)) {
-    case GgmlType::kF32: return deq_f32;
-    case GgmlType::kF16: return deq_f16;
-    case GgmlType::kBF16: return deq_bf16;
-    case GgmlType::kQ4_0: return deq_q4_0;
-    case GgmlType::kQ4_1: return deq_q4_1;
-    case GgmlType::kQ5_0: return deq_q5_0;
-    case GgmlType::kQ5_1: return deq_q5_1;
-    case GgmlType::kQ8_0: return deq_q8_0;
-    case GgmlType::kQ4_K: return deq_q4_k;
-    case GgmlType::kQ5_K: return deq_q5_k;
-    case GgmlType::kQ6_K: return deq_q6_k;
-    default: return nullptr;
-  }
-}
-
+// The dequantizable types, for messages: "F32, F16, Q4_0, ...".
 std::string supported_list() {
-  return "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K";
+  std::string s;
+  for (const auto& row : kTypes)
+    if (row.dequant) s += (s.empty() ? "" : ", ") + std::string(row.name);
+  return s;
 }
 
 }  // namespace
@@ -517,9 +347,9 @@ std::string supported_list() {
 // ============================================================================
 
 std::optional<GgmlTypeTraits> ggml_type_traits(uint32_t type) {
-  for (const auto& row : kTypes)
-    if (row.id == type) return row.traits;
-  return std::nullopt;
+  const TypeRow* row = type_row(type);
+  if (!row) return std::nullopt;
+  return GgmlTypeTraits{row->name, row->block_size, row->type_size, row->dequant != nullptr};
 }
 
 std::string ggml_type_name(uint32_t type) {
@@ -596,6 +426,196 @@ GgufFile GgufFile::open(const std::string& path) {
   return from_bytes(std::move(mapping), map_len, path);
 }
 
+namespace {
+
+// ---- from_bytes' phases ------------------------------------------------------
+
+// The magic and the version: 2 and 3 are read; 1 (32-bit counts), big-endian
+// files and newer versions are kUnsupported.
+uint32_t read_version(Cursor& c) {
+  const std::string& path = c.path;
+  const uint32_t magic = c.u32([] { return std::string("magic"); });
+  if (magic != kMagic) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "bad magic %02x %02x %02x %02x, expected \"GGUF\"", c.base[0], c.base[1],
+                  c.base[2], c.base[3]);
+    fail_file(path, buf);
+  }
+  const uint32_t version = c.u32([] { return std::string("version"); });
+  if (version == 1)
+    throw Error(ErrorCode::kUnsupported, kWhere,
+                path + ": GGUF version 1 (32-bit counts) is not supported; re-convert with a "
+                       "current llama.cpp (versions 2 and 3 are read)");
+  if (version != 0 && (version & 0xFFFFu) == 0)
+    throw Error(ErrorCode::kUnsupported, kWhere,
+                path + ": big-endian GGUF (version field reads " + num(version) + ") is not supported");
+  if (version == 0) fail_file(path, "version 0 is not a GGUF version");
+  if (version > 3)
+    throw Error(ErrorCode::kUnsupported, kWhere,
+                path + ": GGUF version " + num(version) + " is newer than this reader (2, 3)");
+  return version;
+}
+
+// The tensor and key counts, each bounded by a cap and by the bytes left.
+struct Counts {
+  uint64_t tensors, kv;
+};
+Counts read_counts(Cursor& c) {
+  const std::string& path = c.path;
+  const uint64_t n_tensors = c.u64([] { return std::string("tensor count"); });
+  const uint64_t n_kv = c.u64([] { return std::string("metadata count"); });
+  if (n_tensors > kMaxTensors || n_tensors > c.left() / kMinTensorInfoBytes)
+    fail_file(path, "tensor count " + num(n_tensors) + " is impossible: the " + num(c.left()) +
+                        " bytes after the header hold at most " +
+                        num(std::min(kMaxTensors, c.left() / kMinTensorInfoBytes)) + " tensor infos");
+  if (n_kv > kMaxKeys || n_kv > c.left() / kMinKvBytes)
+    fail_file(path, "metadata count " + num(n_kv) + " is impossible: the " + num(c.left()) +
+                        " bytes after the header hold at most " + num(std::min(kMaxKeys, c.left() / kMinKvBytes)) +
+                        " key-value pairs");
+  return {n_tensors, n_kv};
+}
+
+// The n_kv key-value pairs: non-empty keys, known value types, no duplicates.
+void read_metadata(Cursor& c, uint64_t n_kv, std::vector<std::string>& keys,
+                   std::map<std::string, GgufValue>& meta) {
+  const std::string& path = c.path;
+  keys.reserve(static_cast<size_t>(n_kv));
+  for (uint64_t k = 0; k < n_kv; ++k) {
+    const std::string key(c.str([&] { return "metadata key #" + num(k); }));
+    if (key.empty()) fail_file(path, "metadata key #" + num(k) + " is empty");
+    const uint32_t vt = c.u32([&] { return "metadata key '" + printable(key) + "' value type"; });
+    if (!known_value_type(vt)) fail_key(path, key, "unknown value type " + num(vt));
+    GgufValue v = parse_value(c, static_cast<GgufValueType>(vt), key, 0);
+    if (!meta.emplace(key, std::move(v)).second) fail_key(path, key, "duplicate key");
+    keys.push_back(key);
+  }
+}
+
+// general.alignment: a power of two (ggml requires u32; we take any unsigned
+// integer); absent, the default.
+uint64_t read_alignment(const std::string& path, const std::map<std::string, GgufValue>& meta) {
+  const auto it = meta.find("general.alignment");
+  if (it == meta.end()) return kDefaultAlignment;
+  const GgufValue* a = &it->second;
+  const bool is_uint = a->type == GgufValueType::kU8 || a->type == GgufValueType::kU16 ||
+                       a->type == GgufValueType::kU32 || a->type == GgufValueType::kU64;
+  if (!is_uint) fail_key(path, "general.alignment", std::string("must be an unsigned integer, got ") + type_text(*a));
+  if (a->u == 0 || (a->u & (a->u - 1)) != 0 || a->u > kMaxAlignment)
+    fail_key(path, "general.alignment", "must be a power of two in [1, 2^30], got " + num(a->u));
+  return a->u;
+}
+
+// A tensor info as stored (checked against the data section later).
+struct RawInfo {
+  std::string name;
+  uint32_t type;
+  std::vector<uint64_t> ne;  // ggml order: ne[0] is the row length
+  uint64_t offset;
+};
+
+// The n_tensors tensor infos: a non-empty name, at most 4 dims, type, offset.
+std::vector<RawInfo> read_tensor_infos(Cursor& c, uint64_t n_tensors) {
+  const std::string& path = c.path;
+  std::vector<RawInfo> raws;
+  raws.reserve(static_cast<size_t>(n_tensors));
+  for (uint64_t t = 0; t < n_tensors; ++t) {
+    RawInfo r;
+    r.name = std::string(c.str([&] { return "tensor info #" + num(t) + " name"; }));
+    if (r.name.empty()) fail_file(path, "tensor info #" + num(t) + " has an empty name");
+    auto ctx = [&] { return "tensor '" + printable(r.name) + "' info"; };
+    const uint32_t n_dims = c.u32(ctx);
+    if (n_dims > kMaxDims) fail_tensor(path, r.name, "n_dims " + num(n_dims) + " exceeds the ggml maximum of 4");
+    for (uint32_t d = 0; d < n_dims; ++d) r.ne.push_back(c.u64(ctx));
+    r.type = c.u32(ctx);
+    r.offset = c.u64(ctx);
+    raws.push_back(std::move(r));
+  }
+  return raws;
+}
+
+// Where the data section starts: the end of the tensor infos, padded to the
+// alignment (a file without tensors may omit the padding).
+uint64_t data_section_start(const std::string& path, uint64_t info_end, uint64_t alignment, uint64_t size,
+                            uint64_t n_tensors) {
+  const uint64_t pad = (alignment - info_end % alignment) % alignment;
+  const uint64_t start = info_end + pad;  // info_end <= size < 2^63, pad < 2^30: no overflow
+  if (start <= size) return start;
+  if (n_tensors != 0)
+    fail_file(path, "data section would start at offset " + num(start) + " (tensor infos end at " + num(info_end) +
+                        ", alignment " + num(alignment) + ") but the file is " + num(size) + " bytes");
+  return size;  // no tensors: the padding may be omitted
+}
+
+// One tensor, checked: a known type, dims that fit int64 (and their product),
+// whole blocks per row, an aligned offset and a byte range inside the data
+// section of `data_size` bytes starting at `data_start` in a file of `size`.
+GgufFile::Info check_tensor(const std::string& path, const RawInfo& r, uint64_t alignment, uint64_t data_start,
+                            uint64_t data_size, uint64_t size) {
+  const TypeRow* traits = type_row(r.type);
+  if (!traits) fail_tensor(path, r.name, "unknown ggml type " + num(r.type));
+  GgufFile::Info info;
+  info.name = r.name;
+  info.type = r.type;
+  // Dims: each fits int64; the product of the non-zero dims fits int64.
+  uint64_t prod = 1;
+  for (uint64_t d : r.ne) {
+    if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail_tensor(path, r.name, "dimension " + num(d) + " is negative as int64");
+    if (d == 0) continue;
+    const auto p = checked_mul(prod, d);
+    if (!p || *p > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail_tensor(path, r.name, "element count of ggml ne " + ne_str(r.ne) + " overflows int64");
+    prod = *p;
+  }
+  for (auto it = r.ne.rbegin(); it != r.ne.rend(); ++it) info.dims.push_back(static_cast<int64_t>(*it));
+  const uint64_t ne0 = r.ne.empty() ? 1 : r.ne[0];
+  if (ne0 % static_cast<uint64_t>(traits->block_size) != 0)
+    fail_tensor(path, r.name,
+                std::string("row length ") + num(ne0) + " is not a multiple of the " + traits->name +
+                    " block size " + num(traits->block_size));
+  bool has_zero = false;
+  for (uint64_t d : r.ne) has_zero |= d == 0;
+  const uint64_t numel = has_zero ? 0 : prod;
+  const auto nbytes_or =
+      checked_mul(numel / static_cast<uint64_t>(traits->block_size), static_cast<uint64_t>(traits->type_size));
+  if (!nbytes_or) fail_tensor(path, r.name, "byte size of ggml ne " + ne_str(r.ne) + " overflows");
+  const uint64_t nbytes = *nbytes_or;
+  info.nbytes = nbytes;
+  info.offset = r.offset;
+  if (r.offset % alignment != 0)
+    fail_tensor(path, r.name, "data offset " + num(r.offset) + " is not a multiple of the alignment " + num(alignment));
+  if (r.offset > data_size || nbytes > data_size - r.offset)
+    fail_tensor(path, r.name,
+                "data range [" + num(r.offset) + ", " + num(r.offset) + " + " + num(nbytes) +
+                    ") runs past the end of the " + num(data_size) + "-byte data section (file is " + num(size) +
+                    " bytes; truncated?)");
+  info.file_offset = data_start + r.offset;
+  return info;
+}
+
+// No two tensors share bytes (empty tensors take none).
+void check_no_overlap(const std::string& path, const std::map<std::string, GgufFile::Info>& index) {
+  using Info = GgufFile::Info;
+  std::vector<const Info*> by_offset;
+  for (const auto& [name, info] : index)
+    if (info.nbytes) by_offset.push_back(&info);
+  std::sort(by_offset.begin(), by_offset.end(), [](const Info* a, const Info* b) { return a->offset < b->offset; });
+  for (size_t i = 1; i < by_offset.size(); ++i) {
+    const Info* prev = by_offset[i - 1];
+    const Info* cur = by_offset[i];
+    if (prev->offset + prev->nbytes > cur->offset)
+      fail_tensor(path, cur->name,
+                  "data range [" + num(cur->offset) + ", " + num(cur->offset + cur->nbytes) + ") overlaps tensor '" +
+                      printable(prev->name) + "' at [" + num(prev->offset) + ", " +
+                      num(prev->offset + prev->nbytes) + ")");
+  }
+}
+
+}  // namespace
+
+// The phases above, front to back: header (magic, version, counts),
+// metadata and alignment, tensor infos, the data section, each tensor's
+// range, no overlaps.
 GgufFile GgufFile::from_bytes(std::shared_ptr<const void> bytes, size_t size_in, const std::string& path) {
   GgufFile f;
   f.path_ = path;
@@ -606,164 +626,20 @@ GgufFile GgufFile::from_bytes(std::shared_ptr<const void> bytes, size_t size_in,
   f.mapping_ = std::move(bytes);
   const auto* base = static_cast<const unsigned char*>(f.mapping_.get());
   Cursor c{base, size, 0, path};
-
-  // ---- header ---------------------------------------------------------------
-  const uint32_t magic = c.u32([] { return std::string("magic"); });
-  if (magic != kMagic) {
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "bad magic %02x %02x %02x %02x, expected \"GGUF\"", base[0],
-                  base[1], base[2], base[3]);
-    fail_file(path, buf);
-  }
-  f.version_ = c.u32([] { return std::string("version"); });
-  if (f.version_ == 1)
-    throw Error(ErrorCode::kUnsupported, kWhere,
-                path + ": GGUF version 1 (32-bit counts) is not supported; re-convert with a "
-                       "current llama.cpp (versions 2 and 3 are read)");
-  if (f.version_ != 0 && (f.version_ & 0xFFFFu) == 0)
-    throw Error(ErrorCode::kUnsupported, kWhere,
-                path + ": big-endian GGUF (version field reads " + num(f.version_) +
-                    ") is not supported");
-  if (f.version_ == 0) fail_file(path, "version 0 is not a GGUF version");
-  if (f.version_ > 3)
-    throw Error(ErrorCode::kUnsupported, kWhere,
-                path + ": GGUF version " + num(f.version_) + " is newer than this reader (2, 3)");
-  const uint64_t n_tensors = c.u64([] { return std::string("tensor count"); });
-  const uint64_t n_kv = c.u64([] { return std::string("metadata count"); });
-  if (n_tensors > kMaxTensors || n_tensors > c.left() / kMinTensorInfoBytes)
-    fail_file(path, "tensor count " + num(n_tensors) + " is impossible: the " + num(c.left()) +
-                        " bytes after the header hold at most " +
-                        num(std::min(kMaxTensors, c.left() / kMinTensorInfoBytes)) +
-                        " tensor infos");
-  if (n_kv > kMaxKeys || n_kv > c.left() / kMinKvBytes)
-    fail_file(path, "metadata count " + num(n_kv) + " is impossible: the " + num(c.left()) +
-                        " bytes after the header hold at most " +
-                        num(std::min(kMaxKeys, c.left() / kMinKvBytes)) + " key-value pairs");
-
-  // ---- metadata -------------------------------------------------------------
-  f.keys_.reserve(static_cast<size_t>(n_kv));
-  for (uint64_t k = 0; k < n_kv; ++k) {
-    const std::string key(c.str([&] { return "metadata key #" + num(k); }));
-    if (key.empty()) fail_file(path, "metadata key #" + num(k) + " is empty");
-    const uint32_t vt = c.u32([&] { return "metadata key '" + printable(key) + "' value type"; });
-    if (!known_value_type(vt)) fail_key(path, key, "unknown value type " + num(vt));
-    GgufValue v = parse_value(c, static_cast<GgufValueType>(vt), key, 0);
-    if (!f.meta_.emplace(key, std::move(v)).second) fail_key(path, key, "duplicate key");
-    f.keys_.push_back(key);
-  }
-
-  // general.alignment: a power of two (ggml requires u32; we take any unsigned integer).
-  if (const GgufValue* a = f.find("general.alignment")) {
-    const bool is_uint = a->type == GgufValueType::kU8 || a->type == GgufValueType::kU16 ||
-                         a->type == GgufValueType::kU32 || a->type == GgufValueType::kU64;
-    if (!is_uint)
-      fail_key(path, "general.alignment",
-               std::string("must be an unsigned integer, got ") + type_text(*a));
-    if (a->u == 0 || (a->u & (a->u - 1)) != 0 || a->u > kMaxAlignment)
-      fail_key(path, "general.alignment",
-               "must be a power of two in [1, 2^30], got " + num(a->u));
-    f.alignment_ = a->u;
-  } else {
-    f.alignment_ = kDefaultAlignment;
-  }
-
-  // ---- tensor infos ---------------------------------------------------------
-  struct Raw {
-    std::string name;
-    uint32_t type;
-    std::vector<uint64_t> ne;
-    uint64_t offset;
-  };
-  std::vector<Raw> raws;
-  raws.reserve(static_cast<size_t>(n_tensors));
-  for (uint64_t t = 0; t < n_tensors; ++t) {
-    Raw r;
-    r.name = std::string(c.str([&] { return "tensor info #" + num(t) + " name"; }));
-    if (r.name.empty()) fail_file(path, "tensor info #" + num(t) + " has an empty name");
-    auto ctx = [&] { return "tensor '" + printable(r.name) + "' info"; };
-    const uint32_t n_dims = c.u32(ctx);
-    if (n_dims > kMaxDims)
-      fail_tensor(path, r.name, "n_dims " + num(n_dims) + " exceeds the ggml maximum of 4");
-    for (uint32_t d = 0; d < n_dims; ++d) r.ne.push_back(c.u64(ctx));
-    r.type = c.u32(ctx);
-    r.offset = c.u64(ctx);
-    raws.push_back(std::move(r));
-  }
-
-  // ---- data section -----------------------------------------------------------
-  const uint64_t info_end = c.pos;
-  const uint64_t pad = (f.alignment_ - info_end % f.alignment_) % f.alignment_;
-  f.data_start_ = info_end + pad;  // info_end <= size < 2^63, pad < 2^30: no overflow
-  if (f.data_start_ > size) {
-    if (n_tensors != 0)
-      fail_file(path, "data section would start at offset " + num(f.data_start_) +
-                          " (tensor infos end at " + num(info_end) + ", alignment " +
-                          num(f.alignment_) + ") but the file is " + num(size) + " bytes");
-    f.data_start_ = size;  // no tensors: the padding may be omitted
-  }
+  f.version_ = read_version(c);
+  const Counts n = read_counts(c);
+  read_metadata(c, n.kv, f.keys_, f.meta_);
+  f.alignment_ = read_alignment(path, f.meta_);
+  const std::vector<RawInfo> raws = read_tensor_infos(c, n.tensors);
+  f.data_start_ = data_section_start(path, c.pos, f.alignment_, size, n.tensors);
   const uint64_t data_size = size - f.data_start_;
-
-  for (const Raw& r : raws) {
-    const auto traits = ggml_type_traits(r.type);
-    if (!traits) fail_tensor(path, r.name, "unknown ggml type " + num(r.type));
-    Info info;
-    info.name = r.name;
-    info.type = r.type;
-    // Dims: each fits int64; the product of the non-zero dims fits int64.
-    uint64_t prod = 1;
-    for (uint64_t d : r.ne) {
-      if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        fail_tensor(path, r.name, "dimension " + num(d) + " is negative as int64");
-      if (d == 0) continue;
-      const auto p = checked_mul(prod, d);
-      if (!p || *p > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        fail_tensor(path, r.name, "element count of ggml ne " + ne_str(r.ne) + " overflows int64");
-      prod = *p;
-    }
-    for (auto it = r.ne.rbegin(); it != r.ne.rend(); ++it) info.dims.push_back(static_cast<int64_t>(*it));
-    const uint64_t ne0 = r.ne.empty() ? 1 : r.ne[0];
-    if (ne0 % static_cast<uint64_t>(traits->block_size) != 0)
-      fail_tensor(path, r.name,
-                  std::string("row length ") + num(ne0) + " is not a multiple of the " +
-                      traits->name + " block size " + num(traits->block_size));
-    bool has_zero = false;
-    for (uint64_t d : r.ne) has_zero |= d == 0;
-    const uint64_t numel = has_zero ? 0 : prod;
-    const auto nbytes_or = checked_mul(numel / static_cast<uint64_t>(traits->block_size),
-                                       static_cast<uint64_t>(traits->type_size));
-    if (!nbytes_or) fail_tensor(path, r.name, "byte size of ggml ne " + ne_str(r.ne) + " overflows");
-    const uint64_t nbytes = *nbytes_or;
-    info.nbytes = nbytes;
-    info.offset = r.offset;
-    if (r.offset % f.alignment_ != 0)
-      fail_tensor(path, r.name, "data offset " + num(r.offset) + " is not a multiple of the alignment " +
-                                    num(f.alignment_));
-    if (r.offset > data_size || nbytes > data_size - r.offset)
-      fail_tensor(path, r.name,
-                  "data range [" + num(r.offset) + ", " + num(r.offset) + " + " + num(nbytes) +
-                      ") runs past the end of the " + num(data_size) +
-                      "-byte data section (file is " + num(size) + " bytes; truncated?)");
-    info.file_offset = f.data_start_ + r.offset;
+  for (const RawInfo& r : raws) {
+    Info info = check_tensor(path, r, f.alignment_, f.data_start_, data_size, size);
     if (f.index_.count(r.name)) fail_tensor(path, r.name, "duplicate tensor name");
     f.names_.push_back(r.name);
     f.index_.emplace(r.name, std::move(info));
   }
-
-  // No two tensors share bytes (empty tensors take none).
-  std::vector<const Info*> by_offset;
-  for (const auto& [name, info] : f.index_)
-    if (info.nbytes) by_offset.push_back(&info);
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const Info* a, const Info* b) { return a->offset < b->offset; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    const Info* prev = by_offset[i - 1];
-    const Info* cur = by_offset[i];
-    if (prev->offset + prev->nbytes > cur->offset)
-      fail_tensor(path, cur->name,
-                  "data range [" + num(cur->offset) + ", " + num(cur->offset + cur->nbytes) +
-                      ") overlaps tensor '" + printable(prev->name) + "' at [" + num(prev->offset) + ", " +
-                      num(prev->offset + prev->nbytes) + ")");
-  }
+  check_no_overlap(path, f.index_);
   return f;
 }
 
@@ -881,9 +757,9 @@ std::string GgufFile::dump_metadata(size_t max_items) const {
 // ============================================================================
 
 void gguf_dequantize_row(uint32_t type, const void* src, float* dst, int64_t n) {
-  const auto traits = ggml_type_traits(type);
-  const BlockFn fn = block_fn(type);
-  if (!traits || !fn)
+  const TypeRow* traits = type_row(type);
+  const io::GgufDequantFn fn = traits ? traits->dequant : nullptr;
+  if (!fn)
     throw Error(ErrorCode::kUnsupported, "gguf.dequantize",
                 "ggml type " + ggml_type_name(type) + " cannot be dequantized (supported: " +
                     supported_list() + ")");
@@ -896,8 +772,8 @@ void gguf_dequantize_row(uint32_t type, const void* src, float* dst, int64_t n) 
 
 Tensor gguf_dequantize(const GgufFile& file, const std::string& name, int threads) {
   const GgufFile::Info& in = file.info(name);
-  const auto traits = ggml_type_traits(in.type);  // known: validated at open
-  const BlockFn fn = block_fn(in.type);
+  const TypeRow* traits = type_row(in.type);  // known: validated at open
+  const io::GgufDequantFn fn = traits->dequant;
   if (!fn)
     throw Error(ErrorCode::kUnsupported, "gguf.dequantize",
                 file.path() + ": tensor '" + name + "' has ggml type " + ggml_type_name(in.type) +

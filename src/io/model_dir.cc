@@ -18,7 +18,7 @@
 #include "io/json_file.h"
 #include "io/pattern.h"
 #include "qhead/error.h"
-#include "qhead/parallel.h"
+#include "core/parallel.h"
 #include "qhead/safetensors.h"
 #include "qhead/table.h"
 
@@ -633,25 +633,46 @@ std::optional<int64_t> int_key(const json& cfg, std::initializer_list<const char
   return std::nullopt;
 }
 
-Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
-  const fs::path dir(dir_s);
-  {
-    std::error_code ec;
-    const bool is_dir = fs::is_directory(dir, ec);
-    if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
-      throw Error(ErrorCode::kIo, dir_s, "cannot be read: " + ec.message());
-    if (!is_dir) throw Error(ErrorCode::kIo, dir_s, "is not a directory");
-  }
-  const fs::path cfg_path = dir / "config.json";
-  if (!path_exists(cfg_path)) invalid(cfg_path.string(), "is missing (a model directory needs config.json)");
-  const std::string cfgw = cfg_path.string();
-  const json cfg_top = read_json(cfg_path);
+// ---- resolve: the phases over one directory ------------------------------------
 
-  Resolved r{ModelInfo{}, open_files(dir)};
-  ModelInfo& info = r.info;
-  const Files& files = r.files;
-  info.dir = dir_s;
-  info.model_type = io::json_opt_string(cfg_top, "", "model_type", cfgw, "");
+// What resolve_impl reads from config.json (and quantize_config.json), filled
+// phase by phase in the order of the members. Never copied: cfg points into
+// cfg_top.
+struct DirConfig {
+  std::string dir_s;
+  fs::path dir;
+  std::string cfgw;            // config.json's path, for messages
+  json cfg_top;                // config.json
+  const json* cfg = nullptr;   // where the sizes are: cfg_top, or its text_config (multimodal wrappers)
+  std::string cfg_key;         // "text_config." or "": the prefix of cfg's keys in messages
+  const Family* fam = nullptr; // the known architecture, or null
+  std::string emb_name, head_name;  // the roles' weight names (head: "" when none is known)
+  json qc;                     // the quantization config (null: none)
+  std::string qc_where;        // the file it came from
+  std::optional<GptqConfig> gptq;
+  bool head_present = false;   // the head is stored as a tensor of its own
+};
+
+// The directory and its config.json.
+void read_config(DirConfig& c, const std::string& dir_s) {
+  c.dir_s = dir_s;
+  c.dir = dir_s;
+  std::error_code ec;
+  const bool is_dir = fs::is_directory(c.dir, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+    throw Error(ErrorCode::kIo, dir_s, "cannot be read: " + ec.message());
+  if (!is_dir) throw Error(ErrorCode::kIo, dir_s, "is not a directory");
+  const fs::path cfg_path = c.dir / "config.json";
+  if (!path_exists(cfg_path)) invalid(cfg_path.string(), "is missing (a model directory needs config.json)");
+  c.cfgw = cfg_path.string();
+  c.cfg_top = read_json(cfg_path);
+}
+
+// model_type, the architecture, where the sizes are, and the family.
+void read_architecture(DirConfig& c, ModelInfo& info) {
+  const json& cfg_top = c.cfg_top;
+  info.dir = c.dir_s;
+  info.model_type = io::json_opt_string(cfg_top, "", "model_type", c.cfgw, "");
   if (cfg_top.contains("architectures") && cfg_top["architectures"].is_array() && !cfg_top["architectures"].empty() &&
       cfg_top["architectures"][0].is_string())
     info.architecture = cfg_top["architectures"][0].get<std::string>();
@@ -659,187 +680,238 @@ Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
     info.architecture = info.model_type;
   // Multimodal wrappers (Gemma 3) keep the text model's sizes in text_config.
   const bool in_text = !cfg_top.contains("vocab_size") && cfg_top.contains("text_config") && cfg_top["text_config"].is_object();
-  const json& cfg = in_text ? cfg_top["text_config"] : cfg_top;
-  const std::string cfg_key = in_text ? "text_config." : "";
+  c.cfg = in_text ? &cfg_top["text_config"] : &cfg_top;
+  c.cfg_key = in_text ? "text_config." : "";
+  c.fam = family_of(info.model_type, info.architecture);
+}
 
-  const Family* fam = family_of(info.model_type, info.architecture);
+// The roles' weight names: the overrides, else the family's first candidate
+// the checkpoint holds (an unknown architecture needs the embedding named).
+void name_roles(DirConfig& c, const Files& files, const ModelInfo& info, const ModelOverrides& ov) {
   auto pick = [&](const std::vector<std::string>& cands) -> std::string {
-    for (const auto& c : cands)
-      if (has_weight(files, c)) return c;
+    for (const auto& cand : cands)
+      if (has_weight(files, cand)) return cand;
     return cands.front();
   };
-  std::string emb_name = ov.embedding_tensor, head_name = ov.head_tensor;
-  if (emb_name.empty()) {
-    if (!fam)
-      unsupported(cfgw, "architecture " + quote_bytes(info.architecture) + " (model_type " + quote_bytes(info.model_type) +
-                            ") is not known; known model types: " + supported_architectures() +
-                            "; name the tensors with --embedding-tensor NAME --head-tensor NAME");
-    emb_name = pick(fam->embedding);
+  c.emb_name = ov.embedding_tensor;
+  c.head_name = ov.head_tensor;
+  if (c.emb_name.empty()) {
+    if (!c.fam)
+      unsupported(c.cfgw, "architecture " + quote_bytes(info.architecture) + " (model_type " + quote_bytes(info.model_type) +
+                              ") is not known; known model types: " + supported_architectures() +
+                              "; name the tensors with --embedding-tensor NAME --head-tensor NAME");
+    c.emb_name = pick(c.fam->embedding);
   }
-  if (head_name.empty() && fam) head_name = pick(fam->head);
+  if (c.head_name.empty() && c.fam) c.head_name = pick(c.fam->head);
+}
 
-  // The quantization method: compressed-tensors and GPTQ are read; anything
-  // else stores tensors qhead does not know, so say so before looking for them.
-  json qc;
-  std::string qc_where = cfgw;
+// The quantization method: compressed-tensors and GPTQ are read; anything
+// else stores tensors qhead does not know, so say so before looking for them.
+void read_quant_method(DirConfig& c, ModelInfo& info) {
+  const json& cfg_top = c.cfg_top;
+  c.qc_where = c.cfgw;
   if (cfg_top.contains("quantization_config") && !cfg_top["quantization_config"].is_null()) {
-    qc = cfg_top["quantization_config"];
-    if (!qc.is_object()) invalid(cfgw, "quantization_config is not an object");
-  } else if (path_exists(dir / "quantize_config.json")) {  // AutoGPTQ's own file
-    qc_where = (dir / "quantize_config.json").string();
-    qc = read_json(dir / "quantize_config.json");
-    if (!qc.contains("quant_method")) qc["quant_method"] = "gptq";
+    c.qc = cfg_top["quantization_config"];
+    if (!c.qc.is_object()) invalid(c.cfgw, "quantization_config is not an object");
+  } else if (path_exists(c.dir / "quantize_config.json")) {  // AutoGPTQ's own file
+    c.qc_where = (c.dir / "quantize_config.json").string();
+    c.qc = read_json(c.dir / "quantize_config.json");
+    if (!c.qc.contains("quant_method")) c.qc["quant_method"] = "gptq";
   }
-  std::optional<GptqConfig> gptq;
-  if (!qc.is_null()) {
-    const std::string method = io::json_opt_string(qc, "quantization_config", "quant_method", qc_where, "");
-    info.quant_method = method;
-    if (method == "gptq") {
-      gptq = parse_gptq_config(qc, qc_where);
-      gptq->dynamic = dynamic_rules(qc_where, qc_where == cfgw);
-    } else if (method != "compressed-tensors") {
-      unsupported(qc_where, "quantization_config.quant_method " + quote_bytes(method) + " is not supported (tensors " + quote_bytes(emb_name) +
-                                (head_name.empty() ? std::string() : ", " + quote_bytes(head_name)) +
+  if (c.qc.is_null()) return;
+  const std::string method = io::json_opt_string(c.qc, "quantization_config", "quant_method", c.qc_where, "");
+  info.quant_method = method;
+  if (method == "gptq") {
+    c.gptq = parse_gptq_config(c.qc, c.qc_where);
+    c.gptq->dynamic = dynamic_rules(c.qc_where, c.qc_where == c.cfgw);
+  } else if (method != "compressed-tensors") {
+    unsupported(c.qc_where, "quantization_config.quant_method " + quote_bytes(method) + " is not supported (tensors " +
+                                quote_bytes(c.emb_name) +
+                                (c.head_name.empty() ? std::string() : ", " + quote_bytes(c.head_name)) +
                                 "); qhead reads quant_method compressed-tensors (format pack-quantized) and gptq");
-    }
   }
+}
 
-  // Tie.
+// tie_word_embeddings (top level, else text_config), else the family's default.
+void read_tie(const DirConfig& c, ModelInfo& info) {
+  const json& cfg_top = c.cfg_top;
+  const json& cfg = *c.cfg;
   if (cfg_top.contains("tie_word_embeddings") && !cfg_top["tie_word_embeddings"].is_null()) {
-    if (!cfg_top["tie_word_embeddings"].is_boolean()) invalid(cfgw, "tie_word_embeddings is not a boolean");
+    if (!cfg_top["tie_word_embeddings"].is_boolean()) invalid(c.cfgw, "tie_word_embeddings is not a boolean");
     info.tied = cfg_top["tie_word_embeddings"].get<bool>();
   } else if (&cfg != &cfg_top && cfg.contains("tie_word_embeddings") && !cfg["tie_word_embeddings"].is_null()) {
-    if (!cfg["tie_word_embeddings"].is_boolean()) invalid(cfgw, "text_config.tie_word_embeddings is not a boolean");
+    if (!cfg["tie_word_embeddings"].is_boolean()) invalid(c.cfgw, "text_config.tie_word_embeddings is not a boolean");
     info.tied = cfg["tie_word_embeddings"].get<bool>();
   } else {
-    info.tied = fam ? fam->tied_default : false;
+    info.tied = c.fam ? c.fam->tied_default : false;
   }
+}
 
-  auto fill = [&](ModelInfo::Role& role, const std::string& name) {
-    role.tensor = name;
-    const std::string mod = module_of(name);
-    if (files.contains(mod + ".qweight")) {
-      role.packed = true;
-      role.format = Format::kGptq;
-      role.file = files.file_of(mod + ".qweight").path();
-      if (!gptq)
-        invalid(role.file, "the checkpoint stores GPTQ tensors " + mod + ".qweight ... but " + cfgw +
-                               " has no GPTQ quantization_config (nor is there a quantize_config.json) giving bits and group_size");
-      const std::optional<GptqConfig> mc = gptq->for_module(mod);
-      if (!mc)
-        invalid(role.file, "the checkpoint stores " + mod + ".qweight but " + qc_where +
-                               "'s dynamic rules exclude " + mod + " from quantization");
-      inspect_gptq(files, *mc, mod, role);
-    } else if (files.contains(mod + ".weight_packed")) {
-      role.packed = true;
-      role.format = Format::kPackQuantized;
-      role.file = files.file_of(mod + ".weight_packed").path();
-      if (!files.contains(mod + ".weight_scale")) invalid(role.file, "packed " + mod + " has no " + mod + ".weight_scale");
-      role.dtype = files.get(mod + ".weight_scale").dtype();
-    } else {
-      role.file = files.file_of(name).path();
-      role.dtype = files.get(name).dtype();
-    }
-    role.stored = true;
-    role.bytes = stored_bytes(files, name, role.format);
-  };
+// One stored role: its format (GPTQ, pack-quantized or dense), file, dtype
+// (a packed role's scale dtype) and bytes.
+void fill_role(const DirConfig& c, const Files& files, ModelInfo::Role& role, const std::string& name) {
+  role.tensor = name;
+  const std::string mod = module_of(name);
+  if (files.contains(mod + ".qweight")) {
+    role.packed = true;
+    role.format = Format::kGptq;
+    role.file = files.file_of(mod + ".qweight").path();
+    if (!c.gptq)
+      invalid(role.file, "the checkpoint stores GPTQ tensors " + mod + ".qweight ... but " + c.cfgw +
+                             " has no GPTQ quantization_config (nor is there a quantize_config.json) giving bits and group_size");
+    const std::optional<GptqConfig> mc = c.gptq->for_module(mod);
+    if (!mc)
+      invalid(role.file, "the checkpoint stores " + mod + ".qweight but " + c.qc_where +
+                             "'s dynamic rules exclude " + mod + " from quantization");
+    inspect_gptq(files, *mc, mod, role);
+  } else if (files.contains(mod + ".weight_packed")) {
+    role.packed = true;
+    role.format = Format::kPackQuantized;
+    role.file = files.file_of(mod + ".weight_packed").path();
+    if (!files.contains(mod + ".weight_scale")) invalid(role.file, "packed " + mod + " has no " + mod + ".weight_scale");
+    role.dtype = files.get(mod + ".weight_scale").dtype();
+  } else {
+    role.file = files.file_of(name).path();
+    role.dtype = files.get(name).dtype();
+  }
+  role.stored = true;
+  role.bytes = stored_bytes(files, name, role.format);
+}
 
+// The embedding (never GPTQ), and the head: its own tensor, or the
+// embedding's when tied. A tied pair stored twice must be one table.
+void find_roles(DirConfig& c, const Files& files, ModelInfo& info) {
+  const std::string& emb_name = c.emb_name;
+  const std::string& head_name = c.head_name;
   if (!has_weight(files, emb_name))
-    invalid(dir_s, "no embedding tensor " + emb_name + " (nor " + module_of(emb_name) + ".weight_packed) in the checkpoint");
-  fill(info.embedding, emb_name);
+    invalid(c.dir_s, "no embedding tensor " + emb_name + " (nor " + module_of(emb_name) + ".weight_packed) in the checkpoint");
+  fill_role(c, files, info.embedding, emb_name);
   if (info.embedding.format == Format::kGptq)
     unsupported(info.embedding.file, module_of(emb_name) + " is stored GPTQ-quantized (" + module_of(emb_name) +
                                          ".qweight); GPTQ quantizes Linear layers only and qhead reads a GPTQ head, not a GPTQ embedding");
-  const bool head_present = !head_name.empty() && head_name != emb_name && has_weight(files, head_name);
-  if (head_present) {
-    fill(info.head, head_name);
+  c.head_present = !head_name.empty() && head_name != emb_name && has_weight(files, head_name);
+  if (c.head_present) {
+    fill_role(c, files, info.head, head_name);
   } else if (info.tied) {
     info.head = info.embedding;  // the same stored tensor serves the head
     info.head.stored = head_name == emb_name;
     if (!info.head.stored) info.head.bytes = 0;
   } else {
-    invalid(dir_s, "config.json says tie_word_embeddings is false but there is no head tensor " +
-                       (head_name.empty() ? std::string("(none named: pass --head-tensor)") : head_name) +
-                       " (nor its .weight_packed) in the checkpoint");
+    invalid(c.dir_s, "config.json says tie_word_embeddings is false but there is no head tensor " +
+                         (head_name.empty() ? std::string("(none named: pass --head-tensor)") : head_name) +
+                         " (nor its .weight_packed) in the checkpoint");
   }
-  if (info.tied && head_present && info.head.format == Format::kGptq)
-    invalid(dir_s, "config.json says tie_word_embeddings is true but " + module_of(info.head.tensor) +
-                       " is stored GPTQ-quantized while " + info.embedding.tensor +
-                       " is dense: a tied model must store one table (set tie_word_embeddings to false if the "
-                       "head was quantized on its own)");
-  if (info.tied && head_present && !same_stored(files, info.embedding, info.head))
-    invalid(dir_s, "config.json says tie_word_embeddings is true but the checkpoint stores different " +
-                       info.embedding.tensor + " and " + info.head.tensor + " (a tied model must store one table, or two identical ones)");
+  if (info.tied && c.head_present && info.head.format == Format::kGptq)
+    invalid(c.dir_s, "config.json says tie_word_embeddings is true but " + module_of(info.head.tensor) +
+                         " is stored GPTQ-quantized while " + info.embedding.tensor +
+                         " is dense: a tied model must store one table (set tie_word_embeddings to false if the "
+                         "head was quantized on its own)");
+  if (info.tied && c.head_present && !same_stored(files, info.embedding, info.head))
+    invalid(c.dir_s, "config.json says tie_word_embeddings is true but the checkpoint stores different " +
+                         info.embedding.tensor + " and " + info.head.tensor + " (a tied model must store one table, or two identical ones)");
+}
 
-  // Shapes against config.
+// vocab_size and hidden_size (or the family's name for it) from the config,
+// and every stored role's shape against them.
+void check_shapes(const DirConfig& c, const Files& files, ModelInfo& info) {
+  const json& cfg = *c.cfg;
   std::string vkey, hkey;
-  const auto vocab = int_key(cfg, {"vocab_size"}, &vkey, cfg_key, cfgw);
-  const auto hidden = info.model_type == "opt" ? int_key(cfg, {"word_embed_proj_dim", "hidden_size"}, &hkey, cfg_key, cfgw)
-                                               : int_key(cfg, {"hidden_size", "n_embd", "d_model"}, &hkey, cfg_key, cfgw);
-  if (!vocab) invalid(cfgw, "has no integer vocab_size");
-  if (!hidden) invalid(cfgw, "has no integer hidden_size (nor n_embd, d_model)");
+  const auto vocab = int_key(cfg, {"vocab_size"}, &vkey, c.cfg_key, c.cfgw);
+  const auto hidden = info.model_type == "opt" ? int_key(cfg, {"word_embed_proj_dim", "hidden_size"}, &hkey, c.cfg_key, c.cfgw)
+                                               : int_key(cfg, {"hidden_size", "n_embd", "d_model"}, &hkey, c.cfg_key, c.cfgw);
+  if (!vocab) invalid(c.cfgw, "has no integer vocab_size");
+  if (!hidden) invalid(c.cfgw, "has no integer hidden_size (nor n_embd, d_model)");
   info.vocab = *vocab;
   info.hidden = *hidden;
   for (const ModelInfo::Role* role : {&info.embedding, &info.head}) {
-    if (role == &info.head && !head_present) continue;
+    if (role == &info.head && !c.head_present) continue;
     const auto [rows, cols] = stored_shape(files, *role);
     if (rows != info.vocab || cols != info.hidden)
-      invalid(role->file, role->tensor + " is [" + std::to_string(rows) + ", " + std::to_string(cols) + "] but " + cfgw +
+      invalid(role->file, role->tensor + " is [" + std::to_string(rows) + ", " + std::to_string(cols) + "] but " + c.cfgw +
                               " says " + vkey + " " + std::to_string(info.vocab) + ", " + hkey + " " +
                               std::to_string(info.hidden) + " (expected [" + std::to_string(info.vocab) + ", " +
                               std::to_string(info.hidden) + "])");
   }
+}
 
-  // Quantization config.
-  if (gptq) {
-    for (ModelInfo::Role* role : {&info.embedding, &info.head}) {
-      if (role->format == Format::kPackQuantized)
-        invalid(role->file, "the checkpoint stores compressed-tensors " + module_of(role->tensor) +
-                                ".weight_packed but its quantization config (" + qc_where + ") is GPTQ");
+// A GPTQ config: no compressed-tensors role, and lm_head as the config says.
+void check_gptq_roles(const DirConfig& c, const ModelInfo& info) {
+  for (const ModelInfo::Role* role : {&info.embedding, &info.head}) {
+    if (role->format == Format::kPackQuantized)
+      invalid(role->file, "the checkpoint stores compressed-tensors " + module_of(role->tensor) +
+                              ".weight_packed but its quantization config (" + c.qc_where + ") is GPTQ");
+  }
+  if (c.head_present && info.head.format == Format::kGptq && c.gptq->lm_head_given && !c.gptq->lm_head)
+    invalid(info.head.file, "the checkpoint stores " + module_of(info.head.tensor) + ".qweight but " + c.qc_where +
+                                " says lm_head: false");
+  if (c.head_present && info.head.format == Format::kDense && c.gptq->lm_head_given && c.gptq->lm_head)
+    invalid(info.head.file, c.qc_where + " says lm_head: true but the checkpoint stores " + info.head.tensor +
+                                " dense (no " + module_of(info.head.tensor) + ".qweight)");
+}
+
+// A compressed-tensors config: each role's scheme from the group that
+// targets it, which must agree with how the role is stored.
+void read_ct_schemes(const DirConfig& c, ModelInfo& info) {
+  const json& qc = c.qc;
+  const std::string& cfgw = c.cfgw;
+  info.compressed_tensors = true;
+  // Read whether or not a group matches a role (quantize carries the format over).
+  (void)io::json_opt_string(qc, "quantization_config", "format", cfgw, "");
+  auto decide = [&](ModelInfo::Role& role, const char* cls) {
+    const auto grp = match_group(qc, module_of(role.tensor), cls, cfgw);
+    std::optional<QuantScheme> s = grp ? scheme_of(qc, *grp, role.tensor, cfgw) : std::nullopt;
+    if (s && !role.packed)
+      invalid(role.file, cfgw + " quantizes " + module_of(role.tensor) + " (config group " + escape_bytes(grp->name, 100) + ", " +
+                             s->name() + ") but the checkpoint stores it dense as " + role.tensor);
+    if (!s && role.packed)
+      invalid(role.file, "the checkpoint stores " + module_of(role.tensor) + ".weight_packed but " + cfgw +
+                             "'s quantization_config does not quantize " + module_of(role.tensor) +
+                             " (no config group targets it, or it is ignored)");
+    if (s) {
+      s->scale_dtype = role.dtype;
+      if (!is_float_dtype(role.dtype))
+        invalid(role.file, module_of(role.tensor) + ".weight_scale is " + dtype_name(role.dtype) + ", expected F16, BF16 or F32");
+      role.scheme = s;
     }
-    if (head_present && info.head.format == Format::kGptq && gptq->lm_head_given && !gptq->lm_head)
-      invalid(info.head.file, "the checkpoint stores " + module_of(info.head.tensor) + ".qweight but " + qc_where +
-                                  " says lm_head: false");
-    if (head_present && info.head.format == Format::kDense && gptq->lm_head_given && gptq->lm_head)
-      invalid(info.head.file, qc_where + " says lm_head: true but the checkpoint stores " + info.head.tensor +
-                                  " dense (no " + module_of(info.head.tensor) + ".qweight)");
-  } else if (!qc.is_null()) {
-    info.compressed_tensors = true;
-    // Read whether or not a group matches a role (quantize carries the format over).
-    (void)io::json_opt_string(qc, "quantization_config", "format", cfgw, "");
-    auto decide = [&](ModelInfo::Role& role, const char* cls) {
-      const auto grp = match_group(qc, module_of(role.tensor), cls, cfgw);
-      std::optional<QuantScheme> s = grp ? scheme_of(qc, *grp, role.tensor, cfgw) : std::nullopt;
-      if (s && !role.packed)
-        invalid(role.file, cfgw + " quantizes " + module_of(role.tensor) + " (config group " + escape_bytes(grp->name, 100) + ", " +
-                               s->name() + ") but the checkpoint stores it dense as " + role.tensor);
-      if (!s && role.packed)
-        invalid(role.file, "the checkpoint stores " + module_of(role.tensor) + ".weight_packed but " + cfgw +
-                               "'s quantization_config does not quantize " + module_of(role.tensor) +
-                               " (no config group targets it, or it is ignored)");
-      if (s) {
-        s->scale_dtype = role.dtype;
-        if (!is_float_dtype(role.dtype))
-          invalid(role.file, module_of(role.tensor) + ".weight_scale is " + dtype_name(role.dtype) + ", expected F16, BF16 or F32");
-        role.scheme = s;
-      }
-    };
-    decide(info.embedding, "Embedding");
-    if (head_present) {
-      decide(info.head, "Linear");
-      if (info.tied && info.head.scheme != info.embedding.scheme)
-        invalid(cfgw, "tie_word_embeddings is true but the quantization_config gives " + info.embedding.tensor + " " +
-                          (info.embedding.scheme ? info.embedding.scheme->name() : "none") + " and " + info.head.tensor +
-                          " " + (info.head.scheme ? info.head.scheme->name() : "none"));
-    } else {
-      info.head.scheme = info.embedding.scheme;
-    }
+  };
+  decide(info.embedding, "Embedding");
+  if (c.head_present) {
+    decide(info.head, "Linear");
+    if (info.tied && info.head.scheme != info.embedding.scheme)
+      invalid(cfgw, "tie_word_embeddings is true but the quantization_config gives " + info.embedding.tensor + " " +
+                        (info.embedding.scheme ? info.embedding.scheme->name() : "none") + " and " + info.head.tensor +
+                        " " + (info.head.scheme ? info.head.scheme->name() : "none"));
   } else {
-    for (ModelInfo::Role* role : {&info.embedding, &info.head})
+    info.head.scheme = info.embedding.scheme;
+  }
+}
+
+// The roles against the quantization config: GPTQ, compressed-tensors, or
+// none (then nothing may be stored packed).
+void check_quant_config(const DirConfig& c, ModelInfo& info) {
+  if (c.gptq) {
+    check_gptq_roles(c, info);
+  } else if (!c.qc.is_null()) {
+    read_ct_schemes(c, info);
+  } else {
+    for (const ModelInfo::Role* role : {&info.embedding, &info.head})
       if (role->stored && role->format == Format::kPackQuantized)
-        invalid(role->file, "the checkpoint stores " + module_of(role->tensor) + ".weight_packed but " + cfgw +
+        invalid(role->file, "the checkpoint stores " + module_of(role->tensor) + ".weight_packed but " + c.cfgw +
                                 " has no quantization_config (qhead needs its scheme)");
   }
+}
+
+Resolved resolve_impl(const std::string& dir_s, const ModelOverrides& ov) {
+  DirConfig c;
+  read_config(c, dir_s);
+  Resolved r{ModelInfo{}, open_files(c.dir)};
+  read_architecture(c, r.info);
+  name_roles(c, r.files, r.info, ov);
+  read_quant_method(c, r.info);
+  read_tie(c, r.info);
+  find_roles(c, r.files, r.info);
+  check_shapes(c, r.files, r.info);
+  check_quant_config(c, r.info);
   return r;
 }
 

@@ -1,9 +1,12 @@
 // Writes a Hugging Face model directory with the token table's roles quantized
 // to compressed-tensors pack-quantized. See include/qhead/model_write.h for
-// the contract; the steps are: check the paths and options, load the roles
-// (inspect_model's rules), quantize, plan which safetensors files change,
-// write everything into a temporary directory beside out_dir, re-open and
-// check it, rename it into place.
+// the contract. write_quantized_model (at the end) runs the phases below in
+// order over one WritePlan: check_request, check_paths, load_input (the
+// roles, inspect_model's rules), plan_schemes, plan_jobs, plan_quant_config,
+// quantize_jobs, plan_files (which safetensors files change), make_temp_dir,
+// write_temp (everything into a temporary directory beside out_dir),
+// verify_temp (re-open and check it), name_actions, commit (rename it into
+// place).
 #include "qhead/model_write.h"
 
 #include <fcntl.h>
@@ -614,98 +617,157 @@ void refuse_gptq_modules(const InputFiles& in, const ModelInfo& info, const std:
            " and embedding as tables); to get a compressed-tensors head, run qhead quantize on the unquantized model");
 }
 
-}  // namespace
+// ---- the phases of write_quantized_model ------------------------------------------
 
-ModelWriteReport write_quantized_model(const std::string& dir_s, const std::string& out_s, const ModelWriteOptions& o) {
-  const auto t_start = std::chrono::steady_clock::now();
-  const fs::path dir(dir_s), out(out_s);
+// One role quantized here: its scheme, its module name and, once quantized,
+// its packed tensors.
+struct Job {
+  const ModelInfo::Role* role;
+  const Table* table;
+  QuantScheme scheme;
+  std::string module;
+  PackedTable q;
+  ModelWriteReport::Role* report;
+};
 
-  // ---- input kind -------------------------------------------------------------------
+// What write_quantized_model learns and decides, filled phase by phase in the
+// order of the members. It stays on the caller's stack for the whole call and
+// is never copied: jobs point into info, tables and rep, added into jobs,
+// added_views into the jobs' tensors and shape_stores. tmp removes the
+// temporary directory when the call fails.
+struct WritePlan {
+  std::string dir_s, out_s;
+  fs::path dir, out;
+  // check_paths
+  fs::path cin, cout;                // canonical input and output
+  std::vector<std::string> cleaned;  // temporaries of killed runs removed
+  bool out_exists = false;
+  // load_input
+  fs::path cfg_path;
+  ModelInfo info;
+  TokenTables tables;
+  json cfg;                           // the input's config.json
+  const json* existing_qc = nullptr;  // its compressed-tensors quantization_config (in cfg); null: none
+  bool gptq = false;                  // a GPTQ checkpoint (its config is replaced)
+  InputFiles in;
+  // plan_schemes
+  std::optional<QuantScheme> se, sh;  // embedding / head scheme (tied: the same one)
+  // plan_jobs
+  ModelWriteReport rep;
+  std::vector<Job> jobs;
+  bool drop_head_copy = false;  // a tied head's second stored copy is dropped
+  // plan_quant_config
+  json out_qc;
+  // plan_files
+  std::set<std::string> removed;                    // input tensors not written
+  std::map<size_t, std::vector<const Job*>> added;  // file index -> roles packed into it
+  // make_temp_dir, write_temp
+  TempDir tmp;
+  std::map<std::string, const TensorView*> added_views;  // tensor name -> what we wrote (for the check)
+  std::map<std::string, std::string> added_file;         // tensor name -> file it was written to
+  std::vector<std::unique_ptr<Tensor>> shape_stores;
+  std::map<std::string, size_t> out_bytes;  // file -> data bytes (for the index's total_size)
+};
+
+// The input is a directory (a GGUF or other file is refused, saying what to
+// give instead), and there is a scheme and an output.
+void check_request(const WritePlan& p, const ModelWriteOptions& o) {
   std::error_code kind_ec;
-  const fs::file_status kind = fs::status(dir, kind_ec);
+  const fs::file_status kind = fs::status(p.dir, kind_ec);
   if (kind_ec && kind_ec != std::errc::no_such_file_or_directory && kind_ec != std::errc::not_a_directory)
-    fail(ErrorCode::kIo, dir_s, "cannot be read: " + kind_ec.message());
-  if (!fs::exists(kind)) fail(ErrorCode::kIo, dir_s, "does not exist");
+    fail(ErrorCode::kIo, p.dir_s, "cannot be read: " + kind_ec.message());
+  if (!fs::exists(kind)) fail(ErrorCode::kIo, p.dir_s, "does not exist");
   if (!fs::is_directory(kind)) {
-    if (dir.extension() == ".gguf" || has_gguf_magic(dir))
-      fail(ErrorCode::kUnsupported, dir_s,
+    if (p.dir.extension() == ".gguf" || has_gguf_magic(p.dir))
+      fail(ErrorCode::kUnsupported, p.dir_s,
            "GGUF is not supported as a quantize input (qhead reads GGUF tables but writes compressed-tensors "
            "checkpoints only from safetensors): give a Hugging Face model directory (config.json + "
            "model.safetensors, or model.safetensors.index.json + shards), or one .safetensors file with --tensor");
-    fail(ErrorCode::kInvalidArgument, dir_s,
+    fail(ErrorCode::kInvalidArgument, p.dir_s,
          "is not a model directory (expected config.json + model.safetensors or model.safetensors.index.json)");
   }
   if (!o.embedding_scheme && !o.head_scheme)
     fail(ErrorCode::kInvalidArgument, kOp, "no scheme given for the embedding or the head: nothing to quantize");
-  if (out_s.empty()) fail(ErrorCode::kInvalidArgument, kOp, "no output directory given");
+  if (p.out_s.empty()) fail(ErrorCode::kInvalidArgument, kOp, "no output directory given");
+}
 
-  // ---- paths: never into the input, never over a non-empty directory unless forced ----
-  const fs::path cin = canonical_any(dir), cout = canonical_any(out);
+// Never into the input, never over a non-empty directory unless forced.
+// Temporaries of killed runs for this output are cleaned first: a previous
+// output one of them had set aside goes back to out_dir before out_dir is
+// looked at.
+void check_paths(WritePlan& p, const ModelWriteOptions& o) {
+  p.cin = canonical_any(p.dir);
+  p.cout = canonical_any(p.out);
   // The same directory by another name that the paths do not show (a bind
   // mount): compared by device and inode.
   struct stat in_st {}, out_st {};
-  const bool same_inode = ::stat(dir.c_str(), &in_st) == 0 && ::stat(out.c_str(), &out_st) == 0 &&
+  const bool same_inode = ::stat(p.dir.c_str(), &in_st) == 0 && ::stat(p.out.c_str(), &out_st) == 0 &&
                           in_st.st_dev == out_st.st_dev && in_st.st_ino == out_st.st_ino;
-  if (cin == cout || same_inode || is_within(cout, cin))
+  if (p.cin == p.cout || same_inode || is_within(p.cout, p.cin))
     fail(ErrorCode::kInvalidArgument, kOp,
-         "refusing to write into the input model directory " + dir_s + " (output " + out_s + ")");
-  // Temporaries of killed runs for this output first: a previous output one
-  // of them had set aside goes back to out_dir before out_dir is looked at.
-  const std::vector<std::string> cleaned = clean_stale_temps(cout.parent_path(), cout.filename().string(), out);
-  bool out_exists = false;
+         "refusing to write into the input model directory " + p.dir_s + " (output " + p.out_s + ")");
+  p.cleaned = clean_stale_temps(p.cout.parent_path(), p.cout.filename().string(), p.out);
   std::error_code oec;
-  const fs::file_status ost = fs::status(out, oec);
+  const fs::file_status ost = fs::status(p.out, oec);
   if (oec && oec != std::errc::no_such_file_or_directory)
-    fail(ErrorCode::kIo, out_s, "cannot be read: " + oec.message());  // a link that loops, a denied parent
+    fail(ErrorCode::kIo, p.out_s, "cannot be read: " + oec.message());  // a link that loops, a denied parent
   if (fs::exists(ost)) {
-    if (!fs::is_directory(ost)) fail(ErrorCode::kInvalidArgument, out_s, "exists and is not a directory");
-    out_exists = true;
-    const bool empty = fs::is_empty(out, oec);
-    if (oec) fail(ErrorCode::kIo, out_s, "cannot be listed: " + oec.message());
+    if (!fs::is_directory(ost)) fail(ErrorCode::kInvalidArgument, p.out_s, "exists and is not a directory");
+    p.out_exists = true;
+    const bool empty = fs::is_empty(p.out, oec);
+    if (oec) fail(ErrorCode::kIo, p.out_s, "cannot be listed: " + oec.message());
     if (!empty) {
       if (!o.force)
-        fail(ErrorCode::kInvalidArgument, out_s, "exists and is not empty (pass --force to replace it)");
-      if (is_within(cin, cout))
-        fail(ErrorCode::kInvalidArgument, out_s, "contains the input " + dir_s + "; refusing to replace it");
+        fail(ErrorCode::kInvalidArgument, p.out_s, "exists and is not empty (pass --force to replace it)");
+      if (is_within(p.cin, p.cout))
+        fail(ErrorCode::kInvalidArgument, p.out_s, "contains the input " + p.dir_s + "; refusing to replace it");
     }
   }
+}
 
-  // ---- config: qhead writes compressed-tensors only --------------------------------
-  const fs::path cfg_path = dir / "config.json";
-  ModelInfo info;
-  const TokenTables tables = load_model_tables(dir_s, o.overrides, &info);
-  json cfg = read_json(cfg_path);
-  const json* existing_qc = nullptr;
-  // A GPTQ checkpoint converts only when its roles are all it quantizes: the
-  // GPTQ config is then replaced by a fresh compressed-tensors one. With other
-  // GPTQ modules no output is loadable (refuse_gptq_modules says why).
-  const bool gptq = info.quant_method == "gptq";
-  const InputFiles in = open_inputs(dir);
-  if (gptq) refuse_gptq_modules(in, info, dir_s);
-  if (cfg.contains("quantization_config") && !cfg["quantization_config"].is_null() && !gptq) {
-    const json& qc = cfg["quantization_config"];
+// Loads the roles (inspect_model's rules), config.json and the safetensors
+// files. qhead writes compressed-tensors only: a GPTQ checkpoint converts only
+// when its roles are all it quantizes (its GPTQ config is then replaced by a
+// fresh compressed-tensors one; with other GPTQ modules no output is loadable,
+// refuse_gptq_modules says why); any other quantization method is refused.
+void load_input(WritePlan& p, const ModelWriteOptions& o) {
+  p.cfg_path = p.dir / "config.json";
+  p.tables = load_model_tables(p.dir_s, o.overrides, &p.info);
+  p.cfg = read_json(p.cfg_path);
+  p.gptq = p.info.quant_method == "gptq";
+  p.in = open_inputs(p.dir);
+  if (p.gptq) refuse_gptq_modules(p.in, p.info, p.dir_s);
+  if (p.cfg.contains("quantization_config") && !p.cfg["quantization_config"].is_null() && !p.gptq) {
+    const json& qc = p.cfg["quantization_config"];
     const std::string method = qc.is_object() && qc.contains("quant_method") && qc["quant_method"].is_string()
                                    ? qc["quant_method"].get<std::string>() : std::string();
     if (method != "compressed-tensors")
-      fail(ErrorCode::kUnsupported, cfg_path.string(),
+      fail(ErrorCode::kUnsupported, p.cfg_path.string(),
            "quantization_config.quant_method \"" + method +
                "\": its other quantized layers cannot be carried into a compressed-tensors config; qhead quantize "
                "takes dense, compressed-tensors or GPTQ-head model directories");
-    existing_qc = &qc;
+    p.existing_qc = &qc;
   }
+}
 
-  // ---- schemes ------------------------------------------------------------------------
+// The embedding's and the head's schemes, parsed and checked against the
+// model: one scheme for a tied table, a quantized role only with requantize,
+// a GPTQ role only converted (it cannot be kept).
+void plan_schemes(WritePlan& p, const ModelWriteOptions& o) {
+  const ModelInfo& info = p.info;
   auto scheme_for = [&](const std::optional<std::string>& name, const ModelInfo::Role& r) -> std::optional<QuantScheme> {
     if (!name) return std::nullopt;
     QuantScheme s = QuantScheme::parse(*name, o.scale_dtype ? *o.scale_dtype : r.dtype);
     s.check_hidden(info.hidden, kOp, r.tensor);
     return s;
   };
-  std::optional<QuantScheme> se = scheme_for(o.embedding_scheme, info.embedding);
-  std::optional<QuantScheme> sh = scheme_for(o.head_scheme, info.head);
+  std::optional<QuantScheme>& se = p.se;
+  std::optional<QuantScheme>& sh = p.sh;
+  se = scheme_for(o.embedding_scheme, info.embedding);
+  sh = scheme_for(o.head_scheme, info.head);
   if (info.tied) {
     if (se && sh && !(*se == *sh))
-      fail(ErrorCode::kInvalidArgument, dir_s,
+      fail(ErrorCode::kInvalidArgument, p.dir_s,
            "the model is tied (one table serves " + info.embedding.tensor + " and the head) but the embedding scheme " +
                se->name() + " and the head scheme " + sh->name() + " differ; give one scheme (either flag applies to the shared table)");
     if (!se) se = sh;
@@ -713,86 +775,87 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   }
   auto check_packed = [&](const std::optional<QuantScheme>& s, const ModelInfo::Role& r, const char* role) {
     if (s && r.packed && !o.requantize)
-      fail(ErrorCode::kInvalidArgument, dir_s,
+      fail(ErrorCode::kInvalidArgument, p.dir_s,
            std::string(role) + " " + packed_prefix(r.tensor) + " is already quantized (" + describe(r) + " in " +
                fs::path(r.file).filename().string() + "); pass --requantize to quantize it to " + s->name() +
                " again from its dequantized values");
   };
   check_packed(se, info.embedding, "the embedding");
   if (!info.tied) check_packed(sh, info.head, "the head");
-  if (gptq) {
+  if (p.gptq) {
     for (const auto* r : {&info.embedding, &info.head}) {
       const auto& s = r == &info.embedding ? se : sh;
       if (r->stored && r->format == Format::kGptq && !s)
-        fail(ErrorCode::kUnsupported, dir_s,
+        fail(ErrorCode::kUnsupported, p.dir_s,
              packed_prefix(r->tensor) + " is GPTQ-quantized (" + describe(*r) +
                  "); a compressed-tensors directory cannot carry GPTQ tensors as they are: give it a scheme "
                  "(with --requantize) to convert it");
     }
   }
+}
 
-  ModelWriteReport rep;
-  rep.input_dir = dir_s;
-  rep.output_dir = out_s;
+// One job per role quantized here (a tied table: one, the embedding's), and
+// the report's model fields.
+void plan_jobs(WritePlan& p) {
+  const ModelInfo& info = p.info;
+  ModelWriteReport& rep = p.rep;
+  rep.input_dir = p.dir_s;
+  rep.output_dir = p.out_s;
   rep.architecture = info.architecture;
   rep.vocab = info.vocab;
   rep.hidden = info.hidden;
   rep.tied = info.tied;
+  if (p.se)
+    p.jobs.push_back({&info.embedding, &p.tables.embedding, *p.se, packed_prefix(info.embedding.tensor), {}, &rep.embedding});
+  if (p.sh && !info.tied)
+    p.jobs.push_back({&info.head, &p.tables.head, *p.sh, packed_prefix(info.head.tensor), {}, &rep.head});
+  // A tied head stored as a second copy is dropped when the shared table is quantized.
+  p.drop_head_copy = info.tied && p.se && info.head.stored && info.head.tensor != info.embedding.tensor;
+}
 
-  // ---- quantize -----------------------------------------------------------------------
-  struct Job {
-    const ModelInfo::Role* role;
-    const Table* table;
-    QuantScheme scheme;
-    std::string module;
-    PackedTable q;
-    ModelWriteReport::Role* report;
-  };
-  std::vector<Job> jobs;
-  if (se) jobs.push_back({&info.embedding, &tables.embedding, *se, packed_prefix(info.embedding.tensor), {}, &rep.embedding});
-  if (sh && !info.tied) jobs.push_back({&info.head, &tables.head, *sh, packed_prefix(info.head.tensor), {}, &rep.head});
-  // The output's quantization_config, decided (and checked) before anything is
-  // quantized or written. A tied head stored as a second copy is dropped when
-  // the shared table is quantized.
-  const bool drop_head_copy = info.tied && se && info.head.stored && info.head.tensor != info.embedding.tensor;
-  json out_qc;
-  {
-    std::vector<NewRole> newly;
-    std::set<std::string> unassign;
-    for (const Job& j : jobs) {
-      newly.push_back({j.module, j.role == &info.embedding ? "Embedding" : "Linear", j.scheme});
-      unassign.insert(j.module);
-    }
-    // A tied head is not stored in the output (unless it is the embedding tensor itself).
-    std::string dropped_head;
-    if (info.tied && info.head.tensor != info.embedding.tensor) dropped_head = packed_prefix(info.head.tensor);
-    if (drop_head_copy) unassign.insert(dropped_head);
-    // Roles kept packed, and whether anything else is packed.
-    std::map<std::string, std::string> kept_packed;
-    if (!se && info.embedding.format == Format::kPackQuantized)
-      kept_packed[packed_prefix(info.embedding.tensor)] = "Embedding";
-    if (!sh && info.head.format == Format::kPackQuantized && info.head.stored)
-      kept_packed[packed_prefix(info.head.tensor)] = "Linear";
-    bool others_packed = false;
-    const std::string suffix = ".weight_packed";
-    for (const auto& [n, i] : in.where) {
-      (void)i;
-      if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
-      const std::string mod = n.substr(0, n.size() - suffix.size());
-      if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor)) others_packed = true;
-    }
-    out_qc = make_quant_config(existing_qc, newly, unassign, dropped_head, kept_packed, others_packed,
-                               cfg_path.string());
-    if (!o.mixed_schemes) check_one_weight_scheme(out_qc, dir_s);
+// The output's quantization_config, decided (and checked: one weight scheme
+// unless mixed_schemes) before anything is quantized or written.
+void plan_quant_config(WritePlan& p, const ModelWriteOptions& o) {
+  const ModelInfo& info = p.info;
+  std::vector<NewRole> newly;
+  std::set<std::string> unassign;
+  for (const Job& j : p.jobs) {
+    newly.push_back({j.module, j.role == &info.embedding ? "Embedding" : "Linear", j.scheme});
+    unassign.insert(j.module);
   }
+  // A tied head is not stored in the output (unless it is the embedding tensor itself).
+  std::string dropped_head;
+  if (info.tied && info.head.tensor != info.embedding.tensor) dropped_head = packed_prefix(info.head.tensor);
+  if (p.drop_head_copy) unassign.insert(dropped_head);
+  // Roles kept packed, and whether anything else is packed.
+  std::map<std::string, std::string> kept_packed;
+  if (!p.se && info.embedding.format == Format::kPackQuantized)
+    kept_packed[packed_prefix(info.embedding.tensor)] = "Embedding";
+  if (!p.sh && info.head.format == Format::kPackQuantized && info.head.stored)
+    kept_packed[packed_prefix(info.head.tensor)] = "Linear";
+  bool others_packed = false;
+  const std::string suffix = ".weight_packed";
+  for (const auto& [n, i] : p.in.where) {
+    (void)i;
+    if (n.size() <= suffix.size() || n.compare(n.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const std::string mod = n.substr(0, n.size() - suffix.size());
+    if (mod != packed_prefix(info.embedding.tensor) && mod != packed_prefix(info.head.tensor)) others_packed = true;
+  }
+  p.out_qc = make_quant_config(p.existing_qc, newly, unassign, dropped_head, kept_packed, others_packed,
+                               p.cfg_path.string());
+  if (!o.mixed_schemes) check_one_weight_scheme(p.out_qc, p.dir_s);
+}
 
-  for (Job& j : jobs) {
+// Quantizes every job's table (a packed one from the values it holds now,
+// dequantized exactly to f32), timing each for the report.
+void quantize_jobs(WritePlan& p, const ModelWriteOptions& o) {
+  for (Job& j : p.jobs) {
     const auto t0 = std::chrono::steady_clock::now();
-    const std::string label = std::string(j.role == &info.embedding ? "embedding " : "head ") + j.module;
+    const std::string label = std::string(j.role == &p.info.embedding ? "embedding " : "head ") + j.module;
     QuantizeProgress tick;
     if (o.progress)
       tick = [&](int64_t done, int64_t total) { o.progress({ModelWriteProgress::Stage::kQuantize, label, done, total}); };
-    const std::string name = dir_s + ": " + j.role->tensor;
+    const std::string name = p.dir_s + ": " + j.role->tensor;
     if (j.table->is_packed()) {
       const Tensor dense = j.table->to_dense_f32();  // the values it holds now, exactly
       j.q = quantize_rtn(dense.view(), j.scheme, o.threads, name, tick);
@@ -801,43 +864,41 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
     }
     j.report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
+}
 
-  // ---- plan: names removed and added per file ------------------------------------------
-  std::set<std::string> removed;
+// Which input tensors are not written (the quantized roles' old tensors, a
+// tied head's dropped copy) and which file each job's packed tensors go to
+// (the one that held the role).
+void plan_files(WritePlan& p) {
   auto remove_role = [&](const ModelInfo::Role& r) {
     if (!r.stored) return;
     const std::string mod = packed_prefix(r.tensor);
     if (r.format == Format::kDense) {
-      removed.insert(r.tensor);
+      p.removed.insert(r.tensor);
       return;
     }
     for (const char* k : r.format == Format::kGptq ? kGptqParts : kPackedParts)
-      if (in.where.count(mod + k)) removed.insert(mod + k);
+      if (p.in.where.count(mod + k)) p.removed.insert(mod + k);
   };
-  std::map<size_t, std::vector<const Job*>> added;  // file index -> roles packed into it
-  for (const Job& j : jobs) {
+  for (const Job& j : p.jobs) {
     remove_role(*j.role);
     const std::string holder = j.role->format == Format::kDense ? j.role->tensor
                                : j.role->format == Format::kGptq ? j.module + ".qweight"
                                                                  : j.module + ".weight_packed";
-    added[in.where.at(holder)].push_back(&j);
+    p.added[p.in.where.at(holder)].push_back(&j);
   }
-  if (drop_head_copy) remove_role(info.head);
-  std::map<std::string, const TensorView*> added_views;  // tensor name -> what we wrote (for the check)
-  std::map<std::string, std::string> added_file;         // tensor name -> file it was written to
-  std::vector<std::unique_ptr<Tensor>> shape_stores;
+  if (p.drop_head_copy) remove_role(p.info.head);
+}
 
-  // ---- write into a temporary directory beside out_dir ------------------------------------
-  // Its name starts with a dot and it holds a QHEAD_INCOMPLETE marker until
-  // the moment it is renamed into place; config.json is the last file written.
-  // Stale temporaries of killed runs for the same output are cleaned first.
-  const fs::path parent = cout.parent_path();
+// The temporary directory beside out_dir. Its name starts with a dot and it
+// holds a QHEAD_INCOMPLETE marker until the moment it is renamed into place.
+void make_temp_dir(WritePlan& p) {
+  const fs::path parent = p.cout.parent_path();
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) fail(ErrorCode::kIo, parent.string(), "cannot create: " + ec.message());
-  rep.cleaned = cleaned;
-  TempDir tmp;
-  const fs::path tmp_path = parent / (temp_prefix(cout.filename().string(), "tmp") + std::to_string(::getpid()));
+  p.rep.cleaned = p.cleaned;
+  const fs::path tmp_path = parent / (temp_prefix(p.cout.filename().string(), "tmp") + std::to_string(::getpid()));
   if (fs::symlink_status(tmp_path, ec).type() != fs::file_type::not_found) {
     // Our own pid's name: left by an earlier process of the same id (not alive
     // now, as we are it). remove_all removes a link itself, never its target.
@@ -846,196 +907,263 @@ ModelWriteReport write_quantized_model(const std::string& dir_s, const std::stri
   }
   if (!fs::create_directory(tmp_path, ec) || ec)
     fail(ErrorCode::kIo, tmp_path.string(), "cannot create the temporary directory: " + (ec ? ec.message() : "it exists"));
-  tmp.path = tmp_path;
-  {
-    const int fd = ::open((tmp.path / kIncompleteMarker).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0) fail(ErrorCode::kIo, (tmp.path / kIncompleteMarker).string(), "cannot create: " + errno_text(errno));
-    FdGuard g(fd);
-    const std::string text = "This directory is an unfinished output of qhead quantize (" + dir_s + " -> " + out_s +
-                             "); it is not a model. A later run for the same output removes it.\n";
-    if (::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
-      fail(ErrorCode::kIo, (tmp.path / kIncompleteMarker).string(), "write failed: " + errno_text(errno));
-  }
+  p.tmp.path = tmp_path;
+  const fs::path marker = p.tmp.path / kIncompleteMarker;
+  const int fd = ::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) fail(ErrorCode::kIo, marker.string(), "cannot create: " + errno_text(errno));
+  FdGuard g(fd);
+  const std::string text = "This directory is an unfinished output of qhead quantize (" + p.dir_s + " -> " + p.out_s +
+                           "); it is not a model. A later run for the same output removes it.\n";
+  if (::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size()))
+    fail(ErrorCode::kIo, marker.string(), "write failed: " + errno_text(errno));
+}
 
-  std::set<std::string> model_files(in.names.begin(), in.names.end());
-  std::map<std::string, size_t> out_bytes;  // file -> data bytes (for the index's total_size)
-  for (size_t i = 0; i < in.files.size(); ++i) {
-    const SafetensorsFile& f = in.files[i];
-    const std::string& fname = in.names[i];
+// The safetensors files into the temporary directory: a file the plan does
+// not change is copied byte for byte; the others are rewritten with their
+// other tensors as they were, their metadata, and the jobs' packed tensors.
+void write_shards(WritePlan& p, const ModelWriteOptions& o) {
+  ModelWriteReport& rep = p.rep;
+  for (size_t i = 0; i < p.in.files.size(); ++i) {
+    const SafetensorsFile& f = p.in.files[i];
+    const std::string& fname = p.in.names[i];
     if (fname.empty() || fs::path(fname).filename().string() != fname || fname == "." || fname == "..")
-      fail(ErrorCode::kInvalidFile, (dir / "model.safetensors.index.json").string(),
+      fail(ErrorCode::kInvalidFile, (p.dir / "model.safetensors.index.json").string(),
            "weight_map names the shard \"" + fname + "\", which is not a file name inside the model directory");
-    bool rewrite = added.count(i) != 0;
+    bool rewrite = p.added.count(i) != 0;
     for (const auto& n : f.names())
-      if (removed.count(n)) rewrite = true;
+      if (p.removed.count(n)) rewrite = true;
     size_t bytes = 0;
     if (!rewrite) {
       auto tick = [&](int64_t done, int64_t total) {
         if (o.progress) o.progress({ModelWriteProgress::Stage::kCopy, fname, done, total});
       };
-      copy_file_chunked(dir / fname, tmp.path / fname, tick);
+      copy_file_chunked(p.dir / fname, p.tmp.path / fname, tick);
       for (const auto& n : f.names()) bytes += f.get(n).nbytes();
       rep.copied_files.push_back(fname);
     } else {
       SafetensorsWriter w;
       for (const auto& n : f.names()) {
-        if (removed.count(n)) continue;
+        if (p.removed.count(n)) continue;
         const Tensor t = f.get(n);
         w.add(n, t.view());  // a view into the input's mapping (f outlives write())
         bytes += t.nbytes();
       }
       for (const auto& [k, v] : f.metadata()) w.set_metadata(k, v);
-      if (added.count(i))
-        for (const Job* j : added[i]) {
-          shape_stores.push_back(std::make_unique<Tensor>());
-          add_packed(w, j->module, j->q, *shape_stores.back());
+      if (p.added.count(i))
+        for (const Job* j : p.added[i]) {
+          p.shape_stores.push_back(std::make_unique<Tensor>());
+          add_packed(w, j->module, j->q, *p.shape_stores.back());
           j->report->file = fname;
           j->report->bytes_after = packed_bytes(j->q);
           bytes += j->report->bytes_after;
-          added_views[j->module + ".weight_packed"] = &j->q.packed.view();
-          added_views[j->module + ".weight_scale"] = &j->q.scale.view();
-          if (!j->q.scheme.symmetric) added_views[j->module + ".weight_zero_point"] = &j->q.zero_point.view();
-          added_views[j->module + ".weight_shape"] = &shape_stores.back()->view();
-          for (const auto& [n, v] : added_views) {
+          p.added_views[j->module + ".weight_packed"] = &j->q.packed.view();
+          p.added_views[j->module + ".weight_scale"] = &j->q.scale.view();
+          if (!j->q.scheme.symmetric) p.added_views[j->module + ".weight_zero_point"] = &j->q.zero_point.view();
+          p.added_views[j->module + ".weight_shape"] = &p.shape_stores.back()->view();
+          for (const auto& [n, v] : p.added_views) {
             (void)v;
-            if (!added_file.count(n)) added_file[n] = fname;
+            if (!p.added_file.count(n)) p.added_file[n] = fname;
           }
         }
-      w.write((tmp.path / fname).string(), {(dir / fname).string()});
+      w.write((p.tmp.path / fname).string(), {(p.dir / fname).string()});
       rep.rewritten_files.push_back(fname);
     }
-    out_bytes[fname] = bytes;
+    p.out_bytes[fname] = bytes;
   }
+}
 
-  // The index, with the new names.
-  if (in.sharded) {
-    json idx = read_json(dir / "model.safetensors.index.json");
-    json& wm = idx["weight_map"];
-    for (const auto& n : removed) wm.erase(n);
-    for (const auto& [name, file] : added_file) wm[name] = file;
-    size_t total = 0;
-    for (const auto& [f, b] : out_bytes) total += b;
-    if (!idx.contains("metadata") || !idx["metadata"].is_object()) idx["metadata"] = json::object();
-    idx["metadata"]["total_size"] = total;
-    write_json(tmp.path / "model.safetensors.index.json", idx);
-  }
+// A sharded input's index, with the new names and total_size.
+void write_index(const WritePlan& p) {
+  if (!p.in.sharded) return;
+  json idx = read_json(p.dir / "model.safetensors.index.json");
+  json& wm = idx["weight_map"];
+  for (const auto& n : p.removed) wm.erase(n);
+  for (const auto& [name, file] : p.added_file) wm[name] = file;
+  size_t total = 0;
+  for (const auto& [f, b] : p.out_bytes) total += b;
+  if (!idx.contains("metadata") || !idx["metadata"].is_object()) idx["metadata"] = json::object();
+  idx["metadata"]["total_size"] = total;
+  write_json(p.tmp.path / "model.safetensors.index.json", idx);
+}
 
-  // Every other file (tokenizer, generation config, ...), subdirectories
-  // included, by content: see copy_other_files.
-  copy_other_files(dir, tmp.path, [&](const std::string& rs) {
+// Everything into the temporary directory: the safetensors files, the index,
+// every other file (tokenizer, generation config, ..., subdirectories
+// included, by content: see copy_other_files), and config.json with the new
+// quantization_config, written last so that a run killed before it leaves no
+// loadable directory.
+void write_temp(WritePlan& p, const ModelWriteOptions& o) {
+  write_shards(p, o);
+  write_index(p);
+  const std::set<std::string> model_files(p.in.names.begin(), p.in.names.end());
+  copy_other_files(p.dir, p.tmp.path, [&](const std::string& rs) {
     return rs == "config.json" || rs == "model.safetensors.index.json" || model_files.count(rs) ||
-           (gptq && rs == "quantize_config.json");  // replaced by the compressed-tensors config
-  }, o, rep);
+           (p.gptq && rs == "quantize_config.json");  // replaced by the compressed-tensors config
+  }, o, p.rep);
+  p.cfg["quantization_config"] = p.out_qc;
+  write_json(p.tmp.path / "config.json", p.cfg);
+}
 
-  // config.json: as it was, with the quantization_config; written last, so
-  // that a run killed before this point leaves no loadable directory.
-  cfg["quantization_config"] = out_qc;
-  write_json(tmp.path / "config.json", cfg);
+[[noreturn]] void read_back_failed(const std::string& what) {
+  fail(ErrorCode::kInternal, kOp, "the written directory does not read back as written: " + what);
+}
 
-  // ---- re-open and check -------------------------------------------------------------------
-  {
-    ModelInfo got;
-    const TokenTables back = load_model_tables(tmp.path.string(), o.overrides, &got);
-    auto bad = [&](const std::string& what) {
-      fail(ErrorCode::kInternal, kOp, "the written directory does not read back as written: " + what);
-    };
-    if (got.tied != info.tied) bad("tie changed");
-    if (back.tied() != tables.tied()) bad("tied tables are not one table");
-    for (const Job& j : jobs) {
-      const Table& t = j.role == &info.embedding ? back.embedding : back.head;
-      const ModelInfo::Role& r = j.role == &info.embedding ? got.embedding : got.head;
-      if (!t.is_packed() || !r.scheme || !(*r.scheme == j.scheme))
-        bad(j.module + " does not load as " + j.scheme.name() + " (" + describe(r) + ")");
-      const PackedTable& p = t.packed();
-      if (!same_bytes(p.packed.view(), j.q.packed.view()) || !same_bytes(p.scale.view(), j.q.scale.view()) ||
-          (!j.scheme.symmetric && !same_bytes(p.zero_point.view(), j.q.zero_point.view())))
-        bad(j.module + "'s packed tensors differ from what was quantized");
-    }
-    // Kept roles load as they did.
-    auto kept_same = [&](const ModelInfo::Role& a, const ModelInfo::Role& b) {
-      return a.packed == b.packed && a.scheme == b.scheme && a.dtype == b.dtype;
-    };
-    if (!se && !kept_same(info.embedding, got.embedding)) bad("the kept embedding changed");
-    if (!sh && !kept_same(info.head, got.head)) bad("the kept head changed");
-    // Every tensor: either one we added, or byte-identical to the input's.
-    const InputFiles outf = open_inputs(tmp.path);
-    std::set<std::string> expect_names;
-    for (const auto& [n, i] : in.where) {
-      (void)i;
-      if (!removed.count(n)) expect_names.insert(n);
-    }
-    for (const auto& [n, v] : added_views) {
-      (void)v;
-      expect_names.insert(n);
-    }
-    std::set<std::string> got_names;
-    for (const auto& [n, i] : outf.where) {
-      got_names.insert(n);
-      const Tensor t = outf.files[i].get(n);
-      auto a = added_views.find(n);
-      if (a != added_views.end()) {
-        if (!same_bytes(t.view(), *a->second)) bad(n + " differs from what was quantized");
-      } else {
-        auto w = in.where.find(n);
-        if (w == in.where.end()) bad("unexpected tensor " + n);
-        if (!same_bytes(t.view(), in.files[w->second].get(n).view())) bad(n + " differs from the input");
-      }
-      ++rep.tensors_checked;
-    }
-    if (got_names != expect_names) bad("the set of tensor names is not the expected one");
-    rep.verified = true;
-    // Sizes of what is stored now.
-    auto fill = [&](ModelWriteReport::Role& rr, const ModelInfo::Role& before, const ModelInfo::Role& after,
-                    const char* role) {
-      rr.role = role;
-      rr.tensor = before.tensor;
-      rr.module = packed_prefix(before.tensor);
-      rr.before = describe(before);
-      rr.bytes_before = before.stored ? before.bytes : 0;
-      rr.bytes_after = after.stored ? after.bytes : 0;
-      rr.file = after.stored ? fs::path(after.file).filename().string() : std::string();
-      rr.scheme = after.scheme;
-    };
-    fill(rep.embedding, info.embedding, got.embedding, "embedding");
-    fill(rep.head, info.head, got.head, "head");
-    if (info.tied) {
-      rep.head.bytes_before = info.head.tensor != info.embedding.tensor && info.head.stored ? info.head.bytes : 0;
-      rep.head.bytes_after = 0;
-      rep.head.file.clear();
-    }
+// The roles as a reader loads them from the temporary directory (`got`,
+// `back`): the tie as it was, each job's packed tensors equal to what was
+// quantized, kept roles as they were.
+void check_roles_read_back(const WritePlan& p, const ModelInfo& got, const TokenTables& back) {
+  const ModelInfo& info = p.info;
+  if (got.tied != info.tied) read_back_failed("tie changed");
+  if (back.tied() != p.tables.tied()) read_back_failed("tied tables are not one table");
+  for (const Job& j : p.jobs) {
+    const Table& t = j.role == &info.embedding ? back.embedding : back.head;
+    const ModelInfo::Role& r = j.role == &info.embedding ? got.embedding : got.head;
+    if (!t.is_packed() || !r.scheme || !(*r.scheme == j.scheme))
+      read_back_failed(j.module + " does not load as " + j.scheme.name() + " (" + describe(r) + ")");
+    const PackedTable& pt = t.packed();
+    if (!same_bytes(pt.packed.view(), j.q.packed.view()) || !same_bytes(pt.scale.view(), j.q.scale.view()) ||
+        (!j.scheme.symmetric && !same_bytes(pt.zero_point.view(), j.q.zero_point.view())))
+      read_back_failed(j.module + "'s packed tensors differ from what was quantized");
   }
-  for (const Job& j : jobs) j.report->action = j.role->packed ? "requantized" : "quantized";
-  if (rep.embedding.action.empty()) rep.embedding.action = "kept";
+  // Kept roles load as they did.
+  auto kept_same = [&](const ModelInfo::Role& a, const ModelInfo::Role& b) {
+    return a.packed == b.packed && a.scheme == b.scheme && a.dtype == b.dtype;
+  };
+  if (!p.se && !kept_same(info.embedding, got.embedding)) read_back_failed("the kept embedding changed");
+  if (!p.sh && !kept_same(info.head, got.head)) read_back_failed("the kept head changed");
+}
+
+// Every tensor of the temporary directory: either one we added, equal to
+// what was written, or byte-identical to the input's; none missing, none
+// extra. Counts them into the report.
+void check_tensors_read_back(WritePlan& p) {
+  const InputFiles outf = open_inputs(p.tmp.path);
+  std::set<std::string> expect_names;
+  for (const auto& [n, i] : p.in.where) {
+    (void)i;
+    if (!p.removed.count(n)) expect_names.insert(n);
+  }
+  for (const auto& [n, v] : p.added_views) {
+    (void)v;
+    expect_names.insert(n);
+  }
+  std::set<std::string> got_names;
+  for (const auto& [n, i] : outf.where) {
+    got_names.insert(n);
+    const Tensor t = outf.files[i].get(n);
+    auto a = p.added_views.find(n);
+    if (a != p.added_views.end()) {
+      if (!same_bytes(t.view(), *a->second)) read_back_failed(n + " differs from what was quantized");
+    } else {
+      auto w = p.in.where.find(n);
+      if (w == p.in.where.end()) read_back_failed("unexpected tensor " + n);
+      if (!same_bytes(t.view(), p.in.files[w->second].get(n).view())) read_back_failed(n + " differs from the input");
+    }
+    ++p.rep.tensors_checked;
+  }
+  if (got_names != expect_names) read_back_failed("the set of tensor names is not the expected one");
+}
+
+// The report's roles from what is stored now (`got`): names, what they were,
+// sizes before and after, file, scheme. A tied head is not stored apart.
+void fill_role_reports(WritePlan& p, const ModelInfo& got) {
+  const ModelInfo& info = p.info;
+  ModelWriteReport& rep = p.rep;
+  auto fill = [&](ModelWriteReport::Role& rr, const ModelInfo::Role& before, const ModelInfo::Role& after,
+                  const char* role) {
+    rr.role = role;
+    rr.tensor = before.tensor;
+    rr.module = packed_prefix(before.tensor);
+    rr.before = describe(before);
+    rr.bytes_before = before.stored ? before.bytes : 0;
+    rr.bytes_after = after.stored ? after.bytes : 0;
+    rr.file = after.stored ? fs::path(after.file).filename().string() : std::string();
+    rr.scheme = after.scheme;
+  };
+  fill(rep.embedding, info.embedding, got.embedding, "embedding");
+  fill(rep.head, info.head, got.head, "head");
   if (info.tied) {
+    rep.head.bytes_before = info.head.tensor != info.embedding.tensor && info.head.stored ? info.head.bytes : 0;
+    rep.head.bytes_after = 0;
+    rep.head.file.clear();
+  }
+}
+
+// Re-opens the temporary directory as a reader would (load_model_tables),
+// checks the roles and every tensor, and fills the report from what is
+// stored now.
+void verify_temp(WritePlan& p, const ModelWriteOptions& o) {
+  ModelInfo got;
+  const TokenTables back = load_model_tables(p.tmp.path.string(), o.overrides, &got);
+  check_roles_read_back(p, got, back);
+  check_tensors_read_back(p);
+  p.rep.verified = true;
+  fill_role_reports(p, got);
+}
+
+// What happened to each role: quantized / requantized / kept / shared.
+void name_actions(WritePlan& p) {
+  ModelWriteReport& rep = p.rep;
+  for (const Job& j : p.jobs) j.report->action = j.role->packed ? "requantized" : "quantized";
+  if (rep.embedding.action.empty()) rep.embedding.action = "kept";
+  if (p.info.tied) {
     rep.head.action = "shared";
     rep.head.seconds = 0;
   } else if (rep.head.action.empty()) {
     rep.head.action = "kept";
   }
+}
 
-  // ---- into place --------------------------------------------------------------------------
-  // The marker goes last: from here on the directory is complete and checked.
-  if (::unlink((tmp.path / kIncompleteMarker).c_str()) != 0)
-    fail(ErrorCode::kIo, (tmp.path / kIncompleteMarker).string(), "cannot remove: " + errno_text(errno));
-  if (out_exists && !fs::is_empty(out, ec)) {
-    const fs::path old = parent / (temp_prefix(cout.filename().string(), "old") + std::to_string(::getpid()));
+// Into place. The marker goes first: from here on the directory is complete
+// and checked. A previous output is moved aside (".NAME.qhead-old-PID", put
+// back if the rename fails) and removed once the new one is in place.
+void commit(WritePlan& p) {
+  const fs::path marker = p.tmp.path / kIncompleteMarker;
+  if (::unlink(marker.c_str()) != 0) fail(ErrorCode::kIo, marker.string(), "cannot remove: " + errno_text(errno));
+  std::error_code ec;
+  if (p.out_exists && !fs::is_empty(p.out, ec)) {
+    const fs::path old =
+        p.cout.parent_path() / (temp_prefix(p.cout.filename().string(), "old") + std::to_string(::getpid()));
     fs::remove_all(old, ec);
-    fs::rename(out, old, ec);
-    if (ec) fail(ErrorCode::kIo, out_s, "cannot move the existing directory aside: " + ec.message());
-    fs::rename(tmp.path, out, ec);
+    fs::rename(p.out, old, ec);
+    if (ec) fail(ErrorCode::kIo, p.out_s, "cannot move the existing directory aside: " + ec.message());
+    fs::rename(p.tmp.path, p.out, ec);
     if (ec) {
       std::error_code ec2;
-      fs::rename(old, out, ec2);
-      fail(ErrorCode::kIo, out_s, "cannot rename " + tmp.path.string() + " into place: " + ec.message());
+      fs::rename(old, p.out, ec2);
+      fail(ErrorCode::kIo, p.out_s, "cannot rename " + p.tmp.path.string() + " into place: " + ec.message());
     }
     fs::remove_all(old, ec);
   } else {
-    fs::rename(tmp.path, out, ec);  // replaces an empty directory
-    if (ec) fail(ErrorCode::kIo, out_s, "cannot rename " + tmp.path.string() + " into place: " + ec.message());
+    fs::rename(p.tmp.path, p.out, ec);  // replaces an empty directory
+    if (ec) fail(ErrorCode::kIo, p.out_s, "cannot rename " + p.tmp.path.string() + " into place: " + ec.message());
   }
-  tmp.keep = true;
-  rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-  return rep;
+  p.tmp.keep = true;
+}
+
+}  // namespace
+
+ModelWriteReport write_quantized_model(const std::string& dir_s, const std::string& out_s, const ModelWriteOptions& o) {
+  const auto t_start = std::chrono::steady_clock::now();
+  WritePlan p;
+  p.dir_s = dir_s;
+  p.out_s = out_s;
+  p.dir = dir_s;
+  p.out = out_s;
+  check_request(p, o);
+  check_paths(p, o);
+  load_input(p, o);
+  plan_schemes(p, o);
+  plan_jobs(p);
+  plan_quant_config(p, o);
+  quantize_jobs(p, o);
+  plan_files(p);
+  make_temp_dir(p);
+  write_temp(p, o);
+  verify_temp(p, o);
+  name_actions(p);
+  commit(p);
+  p.rep.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  return std::move(p.rep);
 }
 
 }  // namespace qhead

@@ -177,30 +177,23 @@ std::string other_format(const unsigned char* p, size_t size) {
   return "";
 }
 
-}  // namespace
+// ---- from_bytes' phases ------------------------------------------------------
 
-SafetensorsFile SafetensorsFile::from_bytes(std::shared_ptr<const void> bytes, size_t size_in,
-                                            const std::string& path) {
-  SafetensorsFile f;
-  f.path_ = path;
-  const uint64_t size = size_in;
-  if (size < 8 || bytes == nullptr)
-    fail_file(path, "file too small: " + std::to_string(size) + " bytes, need at least 8");
-  f.file_size_ = size_in;
-  f.mapping_ = std::move(bytes);
-  const auto* base = static_cast<const unsigned char*>(f.mapping_.get());
-
-  // ---- what the file is -----------------------------------------------------
-  // A safetensors header starts with '{' (the reference reader requires it).
-  // Without it, a file that starts like another format is named for it (a
-  // pickle's 0x80 0x02..0x05 is also the start of a valid header length).
+// What the file is. A safetensors header starts with '{' (the reference
+// reader requires it). Without it, a file that starts like another format is
+// named for it (a pickle's 0x80 0x02..0x05 is also the start of a valid
+// header length). Returns whether the '{' is there.
+bool check_format(const std::string& path, const unsigned char* base, size_t size) {
   const bool brace = size > 8 && base[8] == '{';
   if (!brace) {
-    const std::string other = other_format(base, f.file_size_);
+    const std::string other = other_format(base, size);
     if (!other.empty()) fail_file(path, "is not a safetensors file: it is " + other);
   }
+  return brace;
+}
 
-  // ---- header length --------------------------------------------------------
+// The header length N, checked against the cap and the file's `size` (>= 8).
+uint64_t header_length(const std::string& path, const unsigned char* base, uint64_t size, bool brace) {
   const uint64_t n = read_u64_le(base);
   // A header length that cannot be right, with no '{' after it, means this is
   // not a safetensors file at all: say so before the numbers.
@@ -217,147 +210,191 @@ SafetensorsFile SafetensorsFile::from_bytes(std::shared_ptr<const void> bytes, s
     fail_file(path, not_st + "header length " + std::to_string(n) + " exceeds the " +
                         std::to_string(size - 8) + " bytes after the length prefix (file is " +
                         std::to_string(size) + " bytes)" + not_st_end);
-  f.data_start_ = 8 + static_cast<size_t>(n);
-  const size_t data_size = f.file_size_ - f.data_start_;
+  return n;
+}
 
-  // ---- header JSON ----------------------------------------------------------
-  const json header = parse_header(path, reinterpret_cast<const char*>(base + 8), n);
-  // The top level maps tensor names (and __metadata__) to objects.
-  if (!header.is_object())
-    fail_file(path, std::string("header must be a JSON object, got ") + header.type_name());
+// One tensor entry of the header, validated.
+struct TensorRange {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  size_t begin, end;  // relative to the data section
+};
 
-  for (const auto& [name, value] : header.items()) {
-    if (name == kMetadataKey) {
-      // __metadata__ is a flat string -> string map (the format's rule).
-      if (!value.is_object())
-        fail_file(path, std::string("__metadata__ must be an object of strings, got ") +
-                            value.type_name());
-      for (const auto& [k, v] : value.items()) {
-        if (!v.is_string())
-          fail_file(path, "__metadata__ value for key \"" + printable(k) + "\" must be a string, got " +
-                              v.type_name());
-        f.metadata_[k] = v.get<std::string>();
-      }
+// __metadata__: a flat string -> string map (the format's rule).
+void read_metadata(const std::string& path, const json& value, std::map<std::string, std::string>& out) {
+  if (!value.is_object())
+    fail_file(path, std::string("__metadata__ must be an object of strings, got ") + value.type_name());
+  for (const auto& [k, v] : value.items()) {
+    if (!v.is_string())
+      fail_file(path, "__metadata__ value for key \"" + printable(k) + "\" must be a string, got " + v.type_name());
+    out[k] = v.get<std::string>();
+  }
+}
+
+// dtype: one of the safetensors spellings.
+DType entry_dtype(const std::string& path, const std::string& name, const json& jt) {
+  if (!jt.is_string()) fail_tensor(path, name, std::string("dtype must be a string, got ") + jt.type_name());
+  const auto dt = parse_dtype(jt.get<std::string>());
+  if (!dt) fail_tensor(path, name, "unknown dtype \"" + printable(jt.get<std::string>()) + "\"");
+  return *dt;
+}
+
+// shape: an array of non-negative integers, each representable as int64,
+// whose element count (*numel) fits in int64.
+Shape entry_shape(const std::string& path, const std::string& name, const json& js, uint64_t* numel) {
+  if (!js.is_array())
+    fail_tensor(path, name, std::string("shape must be an array of non-negative integers, got ") + js.type_name());
+  Shape shape;
+  for (const json& d : js) {
+    uint64_t dim = 0;
+    if (!as_unsigned(d, &dim) || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail_tensor(path, name, "shape must be an array of non-negative integers, got " + short_dump(js));
+    shape.push_back(static_cast<int64_t>(dim));
+  }
+  // Element count: the product of the non-zero dims must fit in int64, so
+  // that shape_numel() (which multiplies in order) can never overflow.
+  uint64_t nonzero_product = 1;
+  bool has_zero = false;
+  for (int64_t d : shape) {
+    if (d == 0) {
+      has_zero = true;
       continue;
     }
-
-    // Each tensor entry is an object with exactly dtype, shape, data_offsets.
-    if (!value.is_object())
-      fail_tensor(path, name, std::string("entry must be an object, got ") + value.type_name());
-    for (const auto& [k, v] : value.items()) {
-      (void)v;
-      if (k != "dtype" && k != "shape" && k != "data_offsets")
-        fail_tensor(path, name,
-                    "unknown key \"" + printable(k) + "\" (expected dtype, shape, data_offsets)");
-    }
-    for (const char* required : {"dtype", "shape", "data_offsets"})
-      if (!value.contains(required))
-        fail_tensor(path, name, std::string("missing \"") + required + "\"");
-
-    Entry e{};
-    // dtype: one of the safetensors spellings.
-    const json& jt = value.at("dtype");
-    if (!jt.is_string())
-      fail_tensor(path, name, std::string("dtype must be a string, got ") + jt.type_name());
-    const auto dt = parse_dtype(jt.get<std::string>());
-    if (!dt) fail_tensor(path, name, "unknown dtype \"" + printable(jt.get<std::string>()) + "\"");
-    e.dtype = *dt;
-
-    // shape: array of non-negative integers, each representable as int64.
-    const json& js = value.at("shape");
-    if (!js.is_array())
-      fail_tensor(path, name, std::string("shape must be an array of non-negative integers, got ") +
-                                  js.type_name());
-    for (const json& d : js) {
-      uint64_t dim = 0;
-      if (!as_unsigned(d, &dim) ||
-          dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        fail_tensor(path, name, "shape must be an array of non-negative integers, got " + short_dump(js));
-      e.shape.push_back(static_cast<int64_t>(dim));
-    }
-    // Element count: the product of the non-zero dims must fit in int64, so
-    // that shape_numel() (which multiplies in order) can never overflow.
-    uint64_t nonzero_product = 1;
-    bool has_zero = false;
-    for (int64_t d : e.shape) {
-      if (d == 0) {
-        has_zero = true;
-        continue;
-      }
-      const auto p = checked_mul(nonzero_product, static_cast<uint64_t>(d));
-      if (!p || *p > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
-        fail_tensor(path, name, "element count of shape " + shape_str(e.shape) + " overflows");
-      nonzero_product = *p;
-    }
-    const uint64_t numel = has_zero ? 0 : nonzero_product;
-
-    // data_offsets: exactly [begin, end] with 0 <= begin <= end.
-    const json& jo = value.at("data_offsets");
-    uint64_t begin = 0, end = 0;
-    if (!jo.is_array() || jo.size() != 2 || !as_unsigned(jo[0], &begin) ||
-        !as_unsigned(jo[1], &end))
-      fail_tensor(path, name,
-                  "data_offsets must be an array of exactly two non-negative integers, got " +
-                      short_dump(jo));
-    if (begin > end)
-      fail_tensor(path, name,
-                  "data_offsets begin " + std::to_string(begin) + " > end " + std::to_string(end));
-
-    // The byte range must hold exactly numel elements of dtype (overflow-checked).
-    const auto need = checked_mul(numel, static_cast<uint64_t>(dtype_size(e.dtype)));
-    if (!need || *need != end - begin)
-      fail_tensor(path, name,
-                  "byte range " + range_str(begin, end) + " holds " + std::to_string(end - begin) +
-                      " bytes but shape " + shape_str(e.shape) + " of " + dtype_name(e.dtype) +
-                      " needs " + std::to_string(numel) + " x " +
-                      std::to_string(dtype_size(e.dtype)) + " bytes");
-    // The range must lie inside the data section.
-    if (end > data_size)
-      fail_tensor(path, name,
-                  "byte range " + range_str(begin, end) + " lies beyond the data section of " +
-                      std::to_string(data_size) + " bytes");
-    e.begin = static_cast<size_t>(begin);
-    e.end = static_cast<size_t>(end);
-    f.index_.emplace(name, std::move(e));
+    const auto p = checked_mul(nonzero_product, static_cast<uint64_t>(d));
+    if (!p || *p > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail_tensor(path, name, "element count of shape " + shape_str(shape) + " overflows");
+    nonzero_product = *p;
   }
+  *numel = has_zero ? 0 : nonzero_product;
+  return shape;
+}
 
-  // ---- the ranges must tile [0, data_size) exactly ---------------------------
-  // Order by (begin, end, name): a zero-size tensor sorts before a non-empty
-  // one starting at the same offset, and ties are broken deterministically.
-  std::vector<const std::pair<const std::string, Entry>*> order;
-  order.reserve(f.index_.size());
-  for (const auto& kv : f.index_) order.push_back(&kv);
-  std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
-    if (a->second.begin != b->second.begin) return a->second.begin < b->second.begin;
-    if (a->second.end != b->second.end) return a->second.end < b->second.end;
-    return a->first < b->first;
+// A tensor entry: an object with exactly dtype, shape and data_offsets
+// [begin, end] (0 <= begin <= end) holding exactly the shape's elements,
+// inside the data section of `data_size` bytes.
+TensorRange read_entry(const std::string& path, const std::string& name, const json& value, size_t data_size) {
+  if (!value.is_object())
+    fail_tensor(path, name, std::string("entry must be an object, got ") + value.type_name());
+  for (const auto& [k, v] : value.items()) {
+    (void)v;
+    if (k != "dtype" && k != "shape" && k != "data_offsets")
+      fail_tensor(path, name, "unknown key \"" + printable(k) + "\" (expected dtype, shape, data_offsets)");
+  }
+  for (const char* required : {"dtype", "shape", "data_offsets"})
+    if (!value.contains(required)) fail_tensor(path, name, std::string("missing \"") + required + "\"");
+
+  TensorRange e{};
+  e.name = name;
+  e.dtype = entry_dtype(path, name, value.at("dtype"));
+  uint64_t numel = 0;
+  e.shape = entry_shape(path, name, value.at("shape"), &numel);
+  const json& jo = value.at("data_offsets");
+  uint64_t begin = 0, end = 0;
+  if (!jo.is_array() || jo.size() != 2 || !as_unsigned(jo[0], &begin) || !as_unsigned(jo[1], &end))
+    fail_tensor(path, name, "data_offsets must be an array of exactly two non-negative integers, got " + short_dump(jo));
+  if (begin > end)
+    fail_tensor(path, name, "data_offsets begin " + std::to_string(begin) + " > end " + std::to_string(end));
+  // The byte range must hold exactly numel elements of dtype (overflow-checked).
+  const auto need = checked_mul(numel, static_cast<uint64_t>(dtype_size(e.dtype)));
+  if (!need || *need != end - begin)
+    fail_tensor(path, name,
+                "byte range " + range_str(begin, end) + " holds " + std::to_string(end - begin) + " bytes but shape " +
+                    shape_str(e.shape) + " of " + dtype_name(e.dtype) + " needs " + std::to_string(numel) + " x " +
+                    std::to_string(dtype_size(e.dtype)) + " bytes");
+  // The range must lie inside the data section.
+  if (end > data_size)
+    fail_tensor(path, name,
+                "byte range " + range_str(begin, end) + " lies beyond the data section of " +
+                    std::to_string(data_size) + " bytes");
+  e.begin = static_cast<size_t>(begin);
+  e.end = static_cast<size_t>(end);
+  return e;
+}
+
+// The header: a JSON object mapping tensor names (and __metadata__) to
+// objects, each entry validated, in the header's key order.
+struct Header {
+  std::map<std::string, std::string> metadata;
+  std::vector<TensorRange> tensors;
+};
+
+Header read_header(const std::string& path, const unsigned char* text, uint64_t n, size_t data_size) {
+  const json header = parse_header(path, reinterpret_cast<const char*>(text), n);
+  if (!header.is_object()) fail_file(path, std::string("header must be a JSON object, got ") + header.type_name());
+  Header h;
+  for (const auto& [name, value] : header.items()) {
+    if (name == kMetadataKey) read_metadata(path, value, h.metadata);
+    else h.tensors.push_back(read_entry(path, name, value, data_size));
+  }
+  return h;
+}
+
+// The ranges must tile [0, data_size) exactly: no overlap, no hole, no
+// trailing bytes. Returns the tensor names in file order. Ordered by (begin,
+// end, name): a zero-size tensor sorts before a non-empty one starting at the
+// same offset, and ties are broken deterministically.
+std::vector<std::string> tile_data_section(const std::string& path, const std::vector<TensorRange>& tensors,
+                                           size_t data_size) {
+  std::vector<const TensorRange*> order;
+  order.reserve(tensors.size());
+  for (const auto& t : tensors) order.push_back(&t);
+  std::sort(order.begin(), order.end(), [](const TensorRange* a, const TensorRange* b) {
+    if (a->begin != b->begin) return a->begin < b->begin;
+    if (a->end != b->end) return a->end < b->end;
+    return a->name < b->name;
   });
-  size_t expect = 0;                  // where the next tensor must begin
-  const std::string* prev = nullptr;  // the tensor that ended at `expect`
-  for (const auto* kv : order) {
-    const std::string& name = kv->first;
-    const Entry& e = kv->second;
+  std::vector<std::string> names;
+  names.reserve(order.size());
+  size_t expect = 0;                   // where the next tensor must begin
+  const TensorRange* prev = nullptr;   // the tensor that ended at `expect`
+  for (const TensorRange* e : order) {
     // Starting before the previous end means two tensors share bytes.
-    if (e.begin < expect)
-      fail_file(path, "tensors '" + printable(*prev) + "' " + range_str(f.index_.at(*prev).begin, expect) +
-                          " and '" + printable(name) + "' " + range_str(e.begin, e.end) + " overlap");
+    if (e->begin < expect)
+      fail_file(path, "tensors '" + printable(prev->name) + "' " + range_str(prev->begin, expect) + " and '" +
+                          printable(e->name) + "' " + range_str(e->begin, e->end) + " overlap");
     // Starting after it leaves unaccounted bytes.
-    if (e.begin > expect)
-      fail_file(path, "hole of " + std::to_string(e.begin - expect) + " bytes in the data section " +
-                          range_str(expect, e.begin) +
-                          (prev ? " between '" + printable(*prev) + "' and '" + printable(name) + "'"
-                                : " before the first tensor '" + printable(name) + "'"));
-    expect = e.end;
-    prev = &name;
-    f.names_.push_back(name);
+    if (e->begin > expect)
+      fail_file(path, "hole of " + std::to_string(e->begin - expect) + " bytes in the data section " +
+                          range_str(expect, e->begin) +
+                          (prev ? " between '" + printable(prev->name) + "' and '" + printable(e->name) + "'"
+                                : " before the first tensor '" + printable(e->name) + "'"));
+    expect = e->end;
+    prev = e;
+    names.push_back(e->name);
   }
   // Bytes after the last tensor belong to nobody (the reference rejects them too).
   if (expect != data_size)
     fail_file(path, std::to_string(data_size - expect) + " trailing bytes in the data section" +
-                        (prev ? " after the last tensor '" + printable(*prev) + "'"
+                        (prev ? " after the last tensor '" + printable(prev->name) + "'"
                               : std::string(" but the header declares no tensors")) +
                         " (data section is " + std::to_string(data_size) + " bytes, tensors end at " +
                         std::to_string(expect) + ")");
+  return names;
+}
+
+}  // namespace
+
+// The phases above, in order: what the file is, the header length, the
+// header and its entries, the tiling of the data section.
+SafetensorsFile SafetensorsFile::from_bytes(std::shared_ptr<const void> bytes, size_t size_in,
+                                            const std::string& path) {
+  SafetensorsFile f;
+  f.path_ = path;
+  const uint64_t size = size_in;
+  if (size < 8 || bytes == nullptr)
+    fail_file(path, "file too small: " + std::to_string(size) + " bytes, need at least 8");
+  f.file_size_ = size_in;
+  f.mapping_ = std::move(bytes);
+  const auto* base = static_cast<const unsigned char*>(f.mapping_.get());
+  const bool brace = check_format(path, base, f.file_size_);
+  const uint64_t n = header_length(path, base, size, brace);
+  f.data_start_ = 8 + static_cast<size_t>(n);
+  const size_t data_size = f.file_size_ - f.data_start_;
+  Header h = read_header(path, base + 8, n, data_size);
+  f.metadata_ = std::move(h.metadata);
+  for (TensorRange& t : h.tensors) f.index_.emplace(t.name, Entry{t.dtype, t.shape, t.begin, t.end});
+  f.names_ = tile_data_section(path, h.tensors, data_size);
   return f;
 }
 

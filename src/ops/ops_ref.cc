@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "qhead/parallel.h"
+#include "core/parallel.h"
 
 namespace qhead::ref {
 

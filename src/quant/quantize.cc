@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "qhead/error.h"
-#include "qhead/parallel.h"
+#include "core/parallel.h"
 
 namespace qhead {
 

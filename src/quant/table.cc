@@ -8,7 +8,7 @@
 
 #include "core/printable.h"
 #include "qhead/error.h"
-#include "qhead/parallel.h"
+#include "core/parallel.h"
 #include "qhead/safetensors.h"
 
 namespace qhead {

@@ -66,7 +66,7 @@
 #include "qhead/dtype.h"
 #include "qhead/error.h"
 #include "qhead/ops.h"
-#include "qhead/parallel.h"
+#include "core/parallel.h"
 #include "qhead/quantize.h"
 
 namespace qhead::bench {

@@ -19,7 +19,7 @@
 #include "qhead/dtype.h"
 #include "qhead/error.h"
 #include "qhead/ops.h"
-#include "qhead/parallel.h"
+#include "core/parallel.h"
 #include "qhead/scheme.h"
 
 namespace qhead::dist {

@@ -19,7 +19,7 @@
 #include "ops/cpu/thread_pool.h"
 #include "ops/ops_ref.h"
 #include "qhead/error.h"
-#include "qhead/parallel.h"
+#include "core/parallel.h"
 
 #if defined(QHEAD_HAVE_X86_KERNELS)
 #include <cpuid.h>
