@@ -88,8 +88,9 @@ using entry::entry_value;
 using entry::key_value;
 using entry::make_entry;
 using entry::order_key;
-// The CUDA selection's id of an entry: empty → INT_MAX (sorts after every id).
-__device__ __forceinline__ int entry_id(uint64_t e) { return e ? int(~uint32_t(e)) : 0x7fffffff; }
+// The CUDA selection's id of an entry, with an empty entry as INT_MAX (it sorts after
+// every id; entry::entry_id gives −1 for it).
+__device__ __forceinline__ int entry_id_or_last(uint64_t e) { return e ? int(~uint32_t(e)) : 0x7fffffff; }
 
 // Sorts p[0, n) descending (n ≤ 32·R) with one warp in registers: entry
 // i = r·32 + lane sits in lane's slot r; the bitonic network's exchanges

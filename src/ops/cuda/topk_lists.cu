@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kSelThreads) topk_lists_kernel(const ListsArgs
   }
   for (int j = tid; j < k; j += kSelThreads) {
     a.values[int64_t(m) * k + j] = entry_value(keep[j]);
-    a.ids[int64_t(m) * k + j] = entry_id(keep[j]);
+    a.ids[int64_t(m) * k + j] = entry_id_or_last(keep[j]);
   }
   // 3. lse = mx + log(Σ_candidates exp(l − mx) + exp(thr − mx) · Σ_lists (sum − count)),
   // mx = max(best, thr): the candidates' exps in f32 per thread (what the selection path's

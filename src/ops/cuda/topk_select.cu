@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectAr
   if (a.values) {
     block_select(for_each, my_max, a.k, [&](int j, uint64_t e) {
       a.values[int64_t(m) * a.k + j] = entry_value(e);
-      a.ids[int64_t(m) * a.k + j] = entry_id(e);
+      a.ids[int64_t(m) * a.k + j] = entry_id_or_last(e);
     }, sm);
   } else {
     uint64_t* out = a.cand + (int64_t(m) * P + p) * a.k;
