@@ -29,9 +29,13 @@
 namespace qhead {
 
 // Which implementation runs. kAuto picks the fastest one available for the
-// table, device and shape; the others force a path (tests, benchmarks).
-// kFused forces the fused kernel of the device even where kAuto would pick
-// another path (tests and benchmarks of the kernel itself).
+// table, device and shape; the others force a path (tests, benchmarks):
+//   kReference    the scalar reference (CPU); on CUDA there is none, and it
+//                 runs as kAuto
+//   kFallbackBlas dequantize + BLAS (OpenBLAS / cuBLAS)
+//   kFused        the device's fused kernel even where kAuto would pick another
+//                 path (tests and benchmarks of the kernel itself); on CUDA the
+//                 kernel plan says which (docs/architecture.md#kernel-plan)
 enum class Backend { kAuto, kReference, kFallbackBlas, kFused };
 
 // embed: out[n, :] = row(ids[n]) dequantized.
