@@ -174,6 +174,11 @@ void print_markdown(const bench::BenchConfig& cfg, const BenchContext& ctx, cons
   }
   head += " fused vs best dense | fused_topk / fused | fused of FMA peak | CPU busy (fused) |";
   rule += "---:|---:|---:|---:|";
+  const bool has_kernel = std::any_of(rows.begin(), rows.end(), [](const bench::BenchRow& r) { return !r.kernel.empty(); });
+  if (has_kernel) {  // CUDA: the kernel the plan ran for fused and for fused_topk (src/cuda/plan.h)
+    head += " fused kernel | fused_topk path:kernel |";
+    rule += "---|---|";
+  }
   const bool has_int8 = std::find(paths.begin(), paths.end(), "fused_int8") != paths.end();
   if (has_int8) {  // the opt-in int8 mode changes the arithmetic: show by how much
     head += " fused_int8 / fused | int8 max abs(Δlogit) (of max abs(logit)) |";
@@ -203,6 +208,10 @@ void print_markdown(const bench::BenchConfig& cfg, const BenchContext& ctx, cons
     const size_t cpu_at = fused == nullptr ? std::string::npos : fused->note.find("; cpu ");
     line += cpu_at == std::string::npos ? std::string(" – |")
                                         : fmt::format(" {} |", std::string_view(fused->note).substr(cpu_at + 6));
+    if (has_kernel) {
+      line += fmt::format(" {} |", fused == nullptr || fused->kernel.empty() ? "–" : fused->kernel);
+      line += fmt::format(" {} |", topk == nullptr || topk->kernel.empty() ? "–" : topk->kernel);
+    }
     if (has_int8) {
       const bench::BenchRow* i8 = ix.at(key, "fused_int8");
       line += (fused == nullptr || i8 == nullptr) ? " – |" : fmt::format(" {:.3f} |", i8->us_median / fused->us_median);
