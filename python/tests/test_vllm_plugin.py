@@ -414,3 +414,43 @@ def test_smollm2_dense_tied_rtn():
     assert torch.equal(out.argmax(1), dense.argmax(1))
     ids = torch.tensor([1, 2, 49151, 100])
     assert torch.equal(st.embedding(ids), w[ids])
+
+
+@pytest.mark.parametrize("source", ["dense", "packed"])
+def test_rescore_rows_mapped_from_a_file(tmp_path, source):
+    """dense_rows=PATH: the full-precision rows stay in the safetensors file (mapped, not loaded
+    into the model): the model holds the packed table only, the tied embedding reads the file's
+    rows exactly and the head's top-K logits are exact, over a dense or a packed checkpoint."""
+    w = _dense_table(seed=6)
+    path = str(tmp_path / "rows.safetensors")
+    save_file({"model.embed_tokens.weight": w}, path)
+    cfg = vc.parse_config({"quant_method": "qhead", "head": "w4g64", "rescore": 5, "dense_rows": path})
+    want = qhead.quantize(w, "w4g64", scale_dtype="f32")
+    if source == "packed":
+        cfg = vc.replace(cfg, embedding=vc.RoleSpec(None, "dense"), packed_roles=("embedding",))
+        sd = {"model.embed_tokens.weight_packed": torch.from_dlpack(want.weight_packed),
+              "model.embed_tokens.weight_scale": torch.from_dlpack(want.weight_scale),
+              "model.embed_tokens.weight_shape": torch.tensor([V, H])}
+    else:
+        sd = {"model.embed_tokens.weight": w}
+    spec = cfg.tied_role()
+    assert spec.source == source
+    emb, head = _layer(cfg, spec), _layer(cfg, spec)
+    vt.tie_tables(head, emb)
+    m = _Model(emb, head)
+    _load(m, sd)
+    st = vt.finish_table(head, spec, cfg, role="head", rows=V, vocab=V, hidden=H, out_dtype=torch.float32, tied=True,
+                         where="lm_head")
+    assert vt.unique_tensor_bytes(m) == want.nbytes + 16  # no dense rows in the model
+    ids = torch.tensor([0, 66, 12])
+    assert torch.equal(st.embedding(ids), w[ids])
+    x = _x(4, seed=2)
+    deq = torch.from_numpy(want.dequantize())
+    top = torch.topk(x @ deq.T, 5, dim=1).indices
+    torch.testing.assert_close(st.logits(x).gather(1, top), (x @ w.T).gather(1, top), atol=_logit_tol(x, w), rtol=0)
+    # A padded layer cannot rescore from the file's unpadded rows.
+    emb2 = _layer(cfg, spec, rows=128)
+    _load(_Model(emb2, nn.Module()), sd)
+    with pytest.raises(qhead.UnsupportedError, match="pads the vocabulary"):
+        vt.finish_table(emb2, spec, cfg, role="embedding", rows=128, vocab=V, hidden=H, out_dtype=torch.float32,
+                        tied=True, where="e")

@@ -21,12 +21,7 @@ from . import table as _table
 from .config import QUANT_METHOD, PluginConfig, RoleSpec, parse_config, with_checkpoint
 
 
-def _linear_base():
-    try:
-        from vllm.model_executor.layers.linear import LinearBase
-        return LinearBase
-    except ImportError:  # pragma: no cover - an older layout
-        return ()
+from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 
 
 @register_quantization_config(QUANT_METHOD)
@@ -98,11 +93,11 @@ class QHeadQuantConfig(QuantizationConfig):
         elif isinstance(layer, VocabParallelEmbedding):
             role = "embedding"
         else:
-            lb = _linear_base()
-            if lb and isinstance(layer, lb):
+            if isinstance(layer, LinearBase):  # vLLM's own dense Linear (a Linear layer must get a method)
                 last = prefix.rsplit(".", 1)[-1]
                 shards = [prefix[: len(prefix) - len(last)] + s for s in self.packed_modules_mapping.get(last, [])]
                 self.plugin.check_other_module(prefix, "Linear", shards)
+                return UnquantizedLinearMethod()
             return None
         tied = self._is_tied()
         spec = self.plugin.tied_role() if tied else self.plugin.role(role)

@@ -25,7 +25,7 @@ import json
 import os
 import re
 import struct
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, replace  # noqa: F401  (replace: re-exported for callers)
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import qhead

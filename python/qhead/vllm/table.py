@@ -190,16 +190,17 @@ class TableState:
         self.table = table
         self.exact_embedding = exact_embedding
         self.embed = QuantEmbedding(table, dtype=out_dtype)
-        if exact_embedding:
-            if dense_rows is None:
-                raise qhead.InternalError("qhead.vllm: an exact embedding needs the full-precision rows in memory")
-            self.embed.use_dense_rows(lambda: dense_rows)
         if rescore and dense_path is not None:
             self.head = QuantLMHead(table, rescore=rescore, dense_rows=dense_path, dense_tensor=dense_tensor)
         elif rescore:
             self.head = QuantLMHead(table, rescore=rescore, dense_rows="cpu", dense_weight=dense_rows)
         else:
             self.head = QuantLMHead(table)
+        if exact_embedding:
+            if not rescore:
+                raise qhead.InternalError("qhead.vllm: an exact embedding reads the rescoring rows; rescore is 0")
+            rows = self.head._dense()  # the kept rows, or the file's mapped (no copy either way)
+            self.embed.use_dense_rows(lambda: rows)
 
     def embedding(self, ids: Tensor) -> Tensor:
         return self.embed(ids)
@@ -244,6 +245,14 @@ def finish_table(layer: nn.Module, spec: RoleSpec, cfg: PluginConfig, *, role: s
     exact = cfg.exact_embedding(tied)
     dense_rows: Optional[Tensor] = None
     p = layer._parameters
+    # The full-precision rows, when the head rescores (an exact tied embedding reads them too):
+    # kept from a dense checkpoint (dense_rows "cpu") or mapped from a safetensors file (a path).
+    need_rows = bool(rescore) or exact
+    dense_path = cfg.dense_rows if need_rows and cfg.dense_rows not in (None, "cpu") else None
+    if dense_path is not None and rows != vocab:
+        raise qhead.UnsupportedError(
+            f"{where}: the layer pads the vocabulary to {rows} rows; rescoring from the mapped file {dense_path} "
+            f"needs an unpadded vocabulary of {vocab} (dense_rows='cpu' with a dense checkpoint pads the rows too)")
     if spec.source == "dense":
         w = p["weight"].data
         sd = cfg.scale_dtype or {torch.float16: "f16", torch.bfloat16: "bf16"}.get(w.dtype, "f32")
@@ -254,33 +263,18 @@ def finish_table(layer: nn.Module, spec: RoleSpec, cfg: PluginConfig, *, role: s
             if t is not None:
                 layer.register_parameter(n, _param(t))
         layer.register_parameter("weight_shape", _param(torch.tensor([vocab, hidden], dtype=torch.int64)))
-        if (rescore and cfg.dense_rows == "cpu") or exact:
+        if need_rows and dense_path is None:
             dense_rows = w.to("cpu").contiguous()
     else:
         wz = p.get("weight_zero_point")
+        # The QuantTable's buffers are views of the layer's Parameters (one storage).
         qt = QuantTable.from_tensors(p["weight_packed"].data, p["weight_scale"].data,
                                      None if wz is None else wz.data, scheme=spec.scheme, shape=(rows, hidden),
                                      dtype=out_dtype)
-        if rescore and cfg.dense_rows == "cpu" and cfg.source == "compressed-tensors":
+        if need_rows and dense_path is None:
             raise qhead.InvalidArgumentError(
-                f"{where}: rescore = {rescore} over a packed checkpoint needs the full-precision rows: give "
-                "dense_rows as the path of a safetensors file holding them")
-        if rescore and cfg.dense_rows == "cpu":
-            raise qhead.InvalidArgumentError(
-                f"{where}: rescore = {rescore}: the checkpoint stores the {role} packed, so its full-precision rows "
-                "are not loaded; give dense_rows as the path of a safetensors file holding them")
-        if exact:
-            raise qhead.UnsupportedError(
-                f"{where}: an exact tied embedding needs the full-precision rows in memory; the checkpoint stores "
-                "the table packed (give the embedding a scheme, or load a dense checkpoint)")
-    # The QuantTable's buffers are views of the layer's Parameters (one storage).
-    dense_path = None
-    if rescore and cfg.dense_rows not in (None, "cpu"):
-        dense_path = cfg.dense_rows
-        if dense_rows is None and rows != vocab:
-            raise qhead.UnsupportedError(
-                f"{where}: the layer pads the vocabulary to {rows} rows; rescoring from a mapped file needs "
-                "an unpadded vocabulary (dense_rows='cpu' with a dense checkpoint pads the rows too)")
+                f"{where}: rescore = {cfg.rescore}: the checkpoint stores the {role} packed, so its full-precision "
+                "rows are not loaded; give dense_rows as the path of a safetensors file holding them")
     if dense_rows is not None:
         layer.register_buffer("dense_weight", dense_rows, persistent=False)
     st = TableState(qt, out_dtype=out_dtype, rescore=rescore, dense_rows=dense_rows, dense_path=dense_path,
