@@ -119,6 +119,15 @@ def test_config_refuses_other_quantized_modules():
     with pytest.raises(qhead.UnsupportedError, match="up_proj"):
         c.check_other_module("model.layers.0.mlp.gate_up_proj", "Linear",
                              ["model.layers.0.mlp.gate_proj", "model.layers.0.mlp.up_proj"])
+    # A regex that selects the embedding and a decoder Linear: the Linear is refused.
+    q = _qcfg("tied")
+    q["config_groups"]["group_0"]["targets"] = ["re:.*(embed_tokens|up_proj)$"]
+    q["ignore"] = []
+    c = vc.parse_config(q)
+    assert c.embedding == vc.RoleSpec("w4g32", "packed") and not c.head.quantized
+    c.check_other_module("model.layers.0.mlp.down_proj", "Linear")
+    with pytest.raises(qhead.UnsupportedError, match="up_proj"):
+        c.check_other_module("model.layers.0.mlp.up_proj", "Linear")
     for change, err, match in (
             (lambda g: g["weights"].update(type="float"), qhead.UnsupportedError, "int weights"),
             (lambda g: g.update(input_activations={"num_bits": 8}), qhead.UnsupportedError, "activations"),

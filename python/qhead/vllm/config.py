@@ -220,7 +220,8 @@ def _parse_compressed_tensors(d: Mapping[str, Any]) -> PluginConfig:
                             f"({prev.scheme}, {scheme})")
                     roles[role] = RoleSpec(scheme, "packed")
                     hit = True
-            if not hit or t == "Linear":  # "Linear" also selects the decoder's Linears
+            # A class "Linear"/"Module" or a regex may select the decoder's Linears as well.
+            if not hit or t in ("Linear", "Module") or t.startswith("re:"):
                 others.append(t)
         if others:
             groups.append((tuple(others), scheme))
