@@ -463,3 +463,15 @@ def test_rescore_rows_mapped_from_a_file(tmp_path, source):
     with pytest.raises(qhead.UnsupportedError, match="pads the vocabulary"):
         vt.finish_table(emb2, spec, cfg, role="embedding", rows=128, vocab=V, hidden=H, out_dtype=torch.float32,
                         tied=True, where="e")
+
+
+def test_register_without_vllm_is_an_import_error():
+    """qhead.vllm imports without vLLM; register() needs it (vLLM is what calls it)."""
+    import importlib.util
+
+    import qhead.vllm as qv
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed (test_vllm_serving.py covers register())")
+    with pytest.raises(ImportError):
+        qv.register()
+    assert not qv.registered()

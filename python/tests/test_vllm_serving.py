@@ -98,3 +98,18 @@ def test_qhead_quantize_checkpoint_serves(runs, tmp_path):
     assert r["table_bytes"] == PACKED_W8
     # The CLI's RTN and the plugin's RTN at load are the same bytes: the same tokens.
     assert r["token_ids"] == runs["w8"]["token_ids"]
+
+
+def test_register_is_idempotent():
+    """vLLM calls the entry point in every process, possibly more than once: one registration."""
+    import importlib.metadata
+
+    import qhead.vllm as qv
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS, get_quantization_config
+
+    qv.register()
+    qv.register()
+    assert qv.registered() and QUANTIZATION_METHODS.count("qhead") == 1
+    assert get_quantization_config("qhead").__name__ == "QHeadQuantConfig"
+    eps = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.name == "qhead"]
+    assert [e.value for e in eps] == ["qhead.vllm:register"], "qhead is not installed with its entry point"
