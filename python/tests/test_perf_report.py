@@ -99,10 +99,27 @@ def test_several_runs_of_one_case_stand_together_in_date_order(tmp_path):
     lines = pr.render(page.read_text(encoding="utf-8"), str(tmp_path)).split("\n")
     body = [l for l in lines if l.startswith("| 1000x64")]
     # The earlier file is run 1 whatever its name; the smaller table (50x64) has no kernel rows.
-    assert body == ["| 1000x64 | w4g64 | f16 | 1 | 10.0 | 12.0 | 1 |", "| 1000x64 | w4g64 | f16 | 1 | 11.0 | 13.0 | 2 |"]
+    assert body == ["| 1000x64 | w4g64 | f16 | 1 | 10.0 | — | 12.0 | 1 |", "| 1000x64 | w4g64 | f16 | 1 | 11.0 | — | 13.0 | 2 |"]
     assert "register-ring GEMV µs" in lines[2]
     assert not any(l.startswith("| 50x64") for l in lines)
     assert any(l.startswith("- run 2: `b/a_later.json` — qhead 9.8.7 at fffffff") for l in lines)
+
+
+def test_the_selected_kernel_fills_its_own_column(tmp_path):
+    # The bench does not force the kernel the plan picked: its "fused" row (kernel named) fills that column.
+    pr = load_script()
+    staged = dict(row("fused", 10.0), kernel="gemv_staged")
+    f = bench_file([row("read_ceiling", 8.0, m=0), staged, row("fused_gemv_regring", 15.0),
+                    dict(row("fused", 40.0, m=32), kernel="gemm_mma_sync"), row("fused_gemv_regring", 50.0, m=32),
+                    row("fused_gemv_staged", 0.0, m=64, shape="1x1")])
+    page = make_tree(tmp_path, {"b/run.json": f},
+                     "<!-- perf_report:begin cuda-kernels b/*.json -->\n<!-- perf_report:end cuda-kernels -->")
+    lines = pr.render(page.read_text(encoding="utf-8"), str(tmp_path)).split("\n")
+    header = next(l for l in lines if l.startswith("| shape"))
+    assert header.split(" | ")[5:9] == ["selected", "register-ring GEMV µs", "staged GEMV µs", "mma.sync GEMM µs"]
+    body = [l for l in lines if l.startswith("| 1000x64")]
+    assert body == ["| 1000x64 | w4g64 | f16 | 1 | 10.0 | gemv_staged | 15.0 | 10.0 | — | 1 |",
+                    "| 1000x64 | w4g64 | f16 | 32 | 40.0 | gemm_mma_sync | 50.0 | — | 40.0 | 1 |"]
 
 
 def test_a_file_without_provenance_is_refused(tmp_path):
