@@ -24,6 +24,8 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "qhead/dtype.h"
@@ -129,23 +131,23 @@ namespace cases_detail {
 
 constexpr DType kFloatDtypes[3] = {DType::kF32, DType::kF16, DType::kBF16};
 
-// Appends c unless a case of that name is already there, in which case the
-// two are one case run by both sweeps.
-inline void add(std::vector<LogitsCase>& list, const LogitsCase& c) {
-  const std::string n = case_name(c);
-  for (LogitsCase& e : list)
-    if (case_name(e) == n) {
-      e.sweeps |= c.sweeps;
-      return;
-    }
-  list.push_back(c);
+// A list of cases that merges a case added twice: the two are one case, run
+// by the sweeps of both.
+struct CaseList {
+  std::vector<LogitsCase> cases;
+  std::unordered_map<std::string, size_t> index;  // name -> position in cases
+};
+inline void add(CaseList& list, const LogitsCase& c) {
+  const auto [it, added] = list.index.emplace(case_name(c), list.cases.size());
+  if (added) list.cases.push_back(c);
+  else list.cases[it->second].sweeps |= c.sweeps;
 }
 
 // (a) Every scheme and activation dtype at one small shape: bits {4, 8} ×
 // group {32, 64, 128, per row} × symmetric or not × activation {F32, F16,
 // BF16}, tables quantized by quantize_rtn (row_f32 checked against the
 // tests' dequantizer), the scale dtype the activation's.
-inline void cpu_small(std::vector<LogitsCase>& out) {
+inline void cpu_small(CaseList& out) {
   for (int bits : {4, 8})
     for (int group : {32, 64, 128, -1})
       for (bool sym : {true, false})
@@ -171,7 +173,7 @@ constexpr RotScheme kShapeSchemes[9] = {{4, 32, true},  {8, 64, false}, {4, 128,
 // M ∈ {1, 3, 17}; the scheme rotates through kShapeSchemes, the scale dtype
 // through F32/F16/BF16, the activation dtype through F16/BF16/F32 every two
 // cases, and the k of the large shapes' reference topk through 5, 50, 1.
-inline void cpu_shapes(std::vector<LogitsCase>& out) {
+inline void cpu_shapes(CaseList& out) {
   int i = 0, rot = 0;
   for (int64_t v : {1, 3, 50257, 49152 + 64})
     for (int64_t h : {64, 576, 1024})
@@ -188,7 +190,7 @@ inline void cpu_shapes(std::vector<LogitsCase>& out) {
 
 // (c) Dense tables: table dtype {F32, F16, BF16} × V ∈ {1, 3, 257, 1000} ×
 // H ∈ {64, 576} × M ∈ {1, 3, 17}, the activation dtype rotating.
-inline void cpu_dense(std::vector<LogitsCase>& out) {
+inline void cpu_dense(CaseList& out) {
   int i = 0;
   for (DType wt : kFloatDtypes)
     for (int64_t v : {1, 3, 257, 1000})
@@ -213,7 +215,7 @@ inline LogitsCase cuda_case(int bits, int group, bool sym, DType act, DType scal
 // bits {4, 8} × group {32, 64, 128, per row} × symmetric or not × activation
 // {F16, BF16} × M ∈ {1, 3, 16, 17, 64, 256} at V = 50257, H = 1024; the
 // scale dtype is F32 for every third case, else the activation's.
-inline void cuda_schemes(std::vector<LogitsCase>& out) {
+inline void cuda_schemes(CaseList& out) {
   int i = 1;
   for (int bits : {4, 8})
     for (int group : {32, 64, 128, -1})
@@ -229,7 +231,7 @@ inline void cuda_schemes(std::vector<LogitsCase>& out) {
 // 256} at H = 1024, BF16 scales; bits, group, symmetry and activation dtype
 // rotate (4/8-bit alternating, g64 twice then g128 twice, asymmetric every
 // third case, BF16/F16 with the bits).
-inline void cuda_vocabs(std::vector<LogitsCase>& out) {
+inline void cuda_vocabs(CaseList& out) {
   int i = 0;
   for (int64_t v : {1, 3, 151936, 49152 + 64})
     for (int64_t m : {1, 3, 16, 17, 64, 256}) {
@@ -244,7 +246,7 @@ inline void cuda_vocabs(std::vector<LogitsCase>& out) {
 // (Gemma-3-4B), 4096 (Llama-3-8B) × every group dividing H × M ∈ {1, 17} at
 // V = 4099, BF16 activations, F16 scales; bits alternate 8/4 and every third
 // case is asymmetric (a counter from 4).
-inline void cuda_hidden(std::vector<LogitsCase>& out) {
+inline void cuda_hidden(CaseList& out) {
   int i = 4;
   for (int64_t h : {576, 640, 2560, 4096})
     for (int group : {32, 64, 128, -1}) {
@@ -259,7 +261,7 @@ inline void cuda_hidden(std::vector<LogitsCase>& out) {
 // Shapes the fused kernels do not take or that cuBLAS serves on kAuto
 // (3-bit: no fused kernel, every backend takes cuBLAS), and the fallback at
 // small and large M.
-inline void cuda_fallback(std::vector<LogitsCase>& out) {
+inline void cuda_fallback(CaseList& out) {
   add(out, cuda_case(4, 64, true, DType::kF16, DType::kF16, 3001, 1024, 5));
   add(out, cuda_case(4, 128, false, DType::kBF16, DType::kBF16, 3001, 1024, 200));
   add(out, cuda_case(8, -1, false, DType::kBF16, DType::kBF16, 3001, 512, 33));
@@ -268,16 +270,20 @@ inline void cuda_fallback(std::vector<LogitsCase>& out) {
 
 }  // namespace cases_detail
 
-// Every logits case of the registry, each with the sweeps that run it.
-inline std::vector<LogitsCase> logits_cases() {
-  std::vector<LogitsCase> all;
-  cases_detail::cpu_small(all);
-  cases_detail::cpu_shapes(all);
-  cases_detail::cpu_dense(all);
-  cases_detail::cuda_schemes(all);
-  cases_detail::cuda_vocabs(all);
-  cases_detail::cuda_hidden(all);
-  cases_detail::cuda_fallback(all);
+// Every logits case of the registry, each with the sweeps that run it (built
+// once per process).
+inline const std::vector<LogitsCase>& logits_cases() {
+  static const std::vector<LogitsCase> all = [] {
+    cases_detail::CaseList l;
+    cases_detail::cpu_small(l);
+    cases_detail::cpu_shapes(l);
+    cases_detail::cpu_dense(l);
+    cases_detail::cuda_schemes(l);
+    cases_detail::cuda_vocabs(l);
+    cases_detail::cuda_hidden(l);
+    cases_detail::cuda_fallback(l);
+    return std::move(l.cases);
+  }();
   return all;
 }
 
@@ -401,17 +407,15 @@ inline std::vector<LogitsCase> staged_large_x_cases() {
 // backend. (The CPU runs top-k on every CPU logits case, test_ops.cc.)
 inline std::vector<TopkCase> topk_cases() {
   std::vector<TopkCase> out;
+  std::unordered_map<std::string, size_t> index;  // name -> position in out
   int si = 0, run = 0;
   auto add = [&](TopkCase c, bool fused) {
     c.scale = run++ % 3 == 1 ? DType::kF32 : c.act;
     c.on_auto = !fused;
     c.on_fused = fused;
-    for (TopkCase& e : out)
-      if (case_name(e) == case_name(c)) {
-        e.on_fused |= fused;
-        return;
-      }
-    out.push_back(c);
+    const auto [it, added] = index.emplace(case_name(c), out.size());
+    if (added) out.push_back(c);
+    else out[it->second].on_fused |= fused;
   };
   for (int64_t v : {1, 3, 50257, 151936})
     for (int64_t m : {1, 3, 16, 17, 64, 256}) {

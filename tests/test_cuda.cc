@@ -15,7 +15,7 @@
 // logits (cuda_bound), floor = 1e-30.
 //
 // The named cases (tests/cases.h) run as CudaLogits.Sweep/<backend>_<case>
-// and CudaTopk.Sweep/<backend>_<case>; the tests that force one kernel
+// and CudaTopk.Sweep/<backend>_<case> (one ctest test each); the tests that force one kernel
 // family through the environment loop over the registry's lists for it.
 #include <gtest/gtest.h>
 
@@ -145,6 +145,9 @@ std::vector<LogitsParam> logits_params() {
 std::string logits_param_name(const testing::TestParamInfo<LogitsParam>& info) {
   return std::string(backend_tag(info.param.backend)) + "_" + case_name(info.param.c);
 }
+
+// --gtest_list_tests prints the parameter: its name, not its bytes.
+void PrintTo(const LogitsParam& p, std::ostream* os) { *os << backend_tag(p.backend) << " " << case_name(p.c); }
 
 class CudaLogits : public testing::TestWithParam<LogitsParam> {};
 
@@ -382,6 +385,8 @@ std::vector<TopkParam> topk_params() {
 std::string topk_param_name(const testing::TestParamInfo<TopkParam>& info) {
   return std::string(backend_tag(info.param.backend)) + "_" + case_name(info.param.c);
 }
+
+void PrintTo(const TopkParam& p, std::ostream* os) { *os << backend_tag(p.backend) << " " << case_name(p.c); }
 
 class CudaTopk : public testing::TestWithParam<TopkParam> {};
 

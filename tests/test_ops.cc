@@ -15,14 +15,15 @@
 // The tolerance is LogitBound{} (test_util.h): u_add = 2^-24, no extra
 // additions, no weight rounding.
 //
-// The cases (tests/cases.h, the CPU sweep) run as CpuOps.Sweep/<backend>_<case>
-// on the reference, the fused CPU kernels (auto) and the BLAS fallback:
-//  - every scheme and activation dtype (bits {4, 8} × group {32, 64, 128, per
+// The cases (tests/cases.h, the CPU sweep) run as
+// <Small|Shapes|Dense>/CpuOps.Sweep/<backend>_<case> on the reference, the
+// fused CPU kernels (auto) and the BLAS fallback:
+//  - Small: every scheme and activation dtype (bits {4, 8} × group {32, 64, 128, per
 //    row} × sym/asym × {F32, F16, BF16}) at V = 37, H = 128, M = 3, on tables
 //    quantized by quantize_rtn;
-//  - awkward shapes V ∈ {1, 3, 50257, 49152 + 64} × H ∈ {64, 576, 1024} ×
+//  - Shapes: awkward shapes V ∈ {1, 3, 50257, 49152 + 64} × H ∈ {64, 576, 1024} ×
 //    M ∈ {1, 3, 17}, schemes and dtypes rotating;
-//  - dense F32/F16/BF16 tables.
+//  - Dense: dense F32/F16/BF16 tables.
 // Each case checks logits on its backend, topk on the reference and auto
 // backends, embed on the reference and auto backends. The float64 oracle
 // covers every entry of every shape. What is sampled is topk on shapes above
@@ -44,6 +45,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -352,11 +354,37 @@ struct CpuParam {
   qt::LogitsCase c;
 };
 
-std::vector<CpuParam> cpu_params() {
+// The CPU sweep's cases made of `weights`, each on the three backends in turn.
+std::vector<CpuParam> cpu_params(qt::Weights weights) {
   std::vector<CpuParam> out;
   for (const qt::LogitsCase& c : qt::logits_cases(qt::kCpuSweep))
-    for (Backend b : {Backend::kReference, Backend::kAuto, Backend::kFallbackBlas}) out.push_back({b, c});
+    if (c.weights == weights)
+      for (Backend b : {Backend::kReference, Backend::kAuto, Backend::kFallbackBlas}) out.push_back({b, c});
   return out;
+}
+
+// A case's table, activations and oracle. The last one made is kept for the
+// next test of the same case (its other backends follow it in the sweep):
+// the float64 oracle is the slow part, and it depends on the case alone.
+struct Prepared {
+  std::string name;
+  Table t;
+  Acts a;
+  Oracle o;
+};
+const Prepared& prepare(const qt::LogitsCase& c, uint64_t seed) {
+  static std::unique_ptr<Prepared> last;
+  const std::string name = qt::case_name(c);
+  if (!last || last->name != name) {
+    last.reset();
+    auto p = std::make_unique<Prepared>();
+    p->name = name;
+    p->t = make_table(c, seed);
+    p->a = make_acts(c.act, c.M, c.H, seed + 1);
+    p->o = cpu_oracle(p->t, p->a);
+    last = std::move(p);
+  }
+  return *last;
 }
 
 std::string cpu_param_name(const testing::TestParamInfo<CpuParam>& info) {
@@ -365,6 +393,9 @@ std::string cpu_param_name(const testing::TestParamInfo<CpuParam>& info) {
                                                             : "blas";
   return std::string(b) + "_" + qt::case_name(info.param.c);
 }
+
+// --gtest_list_tests prints the parameter: its name, not its bytes.
+void PrintTo(const CpuParam& p, std::ostream* os) { *os << backend_name(p.backend) << " " << qt::case_name(p.c); }
 
 class CpuOps : public testing::TestWithParam<CpuParam> {};
 
@@ -379,8 +410,10 @@ TEST_P(CpuOps, Sweep) {
   const Backend backend = GetParam().backend;
   const qt::LogitsCase& c = GetParam().c;
   const uint64_t seed = qt::case_seed(c);
-  const Table t = make_table(c, seed);
-  const Acts a = make_acts(c.act, c.M, c.H, seed + 1);
+  const Prepared& p = prepare(c, seed);
+  const Table& t = p.t;
+  const Acts& a = p.a;
+  const Oracle& o = p.o;
   SCOPED_TRACE(scheme_label(t) + ", x " + qhead::dtype_name(c.act));
   if (c.weights == qt::Weights::kRtn && backend == Backend::kReference) {
     std::vector<float> got(static_cast<size_t>(c.H)), want(static_cast<size_t>(c.H));
@@ -390,7 +423,6 @@ TEST_P(CpuOps, Sweep) {
       ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "row_f32 row " << r;
     }
   }
-  const Oracle o = cpu_oracle(t, a);
   const Tensor l = check_logits(t, a, o, backend);
   if (backend != Backend::kFallbackBlas) {  // topk has no BLAS path: kFallbackBlas is the reference's
     const bool big = static_cast<double>(c.V) * c.H * c.M > kTopkFullMacs;
@@ -405,7 +437,12 @@ TEST_P(CpuOps, Sweep) {
   check_embed(t, embed_ids(c.V, seed + 2), backend);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, CpuOps, testing::ValuesIn(cpu_params()), cpu_param_name);
+// One instantiation per kind of table: Small/ (every scheme and dtype at one
+// small shape, quantize_rtn tables), Shapes/ (awkward shapes, random codes),
+// Dense/ (dense tables). tests/CMakeLists.txt runs each as one ctest test.
+INSTANTIATE_TEST_SUITE_P(Small, CpuOps, testing::ValuesIn(cpu_params(qt::Weights::kRtn)), cpu_param_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuOps, testing::ValuesIn(cpu_params(qt::Weights::kRandomCodes)), cpu_param_name);
+INSTANTIATE_TEST_SUITE_P(Dense, CpuOps, testing::ValuesIn(cpu_params(qt::Weights::kDense)), cpu_param_name);
 
 // A scheme whose group does not divide H is refused by the quantizer (the
 // shape sweep passes over such schemes for that H).
