@@ -10,6 +10,13 @@
 //     |Δ| <= γ_{H + groups + 1}(2^-23) · Σ_j |x_j w_j|.
 // The cuBLAS fallback rounds each dequantized weight to the activation dtype
 // first (that is what dequant + F.linear does), adding u_T · Σ|x w|.
+// As the one oracle's parameters (test_util.h, LogitBound): u_add = 2^-23,
+// extra_adds = groups + 1, u_weights = u_T where cuBLAS may compute the
+// logits (cuda_bound), floor = 1e-30.
+//
+// The named cases (tests/cases.h) run as CudaLogits.Sweep/<backend>_<case>
+// and CudaTopk.Sweep/<backend>_<case> (one ctest test each); the tests that force one kernel
+// family through the environment loop over the registry's lists for it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +28,7 @@
 #include <numeric>
 #include <optional>
 
+#include "cases.h"
 #include "ops/ops_cuda.h"
 #include "qhead/cuda.h"
 #include "qhead/ops.h"
@@ -45,44 +53,39 @@ Tensor poisoned_device(DType t, Shape s) {
   return upload(h);
 }
 
-struct Oracle {
-  std::vector<double> value;  // [M, rows.size()]
-  std::vector<double> tol;
-};
-
-// Float64 logits of rows `rows` for all M activations, with the bound.
-Oracle oracle(const PackedTable& p, const std::vector<float>& x, int64_t M, const std::vector<int64_t>& rows,
-              double u_extra) {
-  const int64_t H = p.hidden;
-  const int64_t groups = p.scheme.groups(H);
-  Oracle o;
-  o.value.resize(size_t(M) * rows.size());
-  o.tol.resize(size_t(M) * rows.size());
-  std::vector<double> wd(static_cast<size_t>(H));
-  std::vector<float> w(static_cast<size_t>(H));
-  for (size_t r = 0; r < rows.size(); ++r) {
-    dequant_row_expected(p, rows[r], wd.data());
-    for (int64_t j = 0; j < H; ++j) w[size_t(j)] = float(wd[size_t(j)]);  // exact in f32
-    for (int64_t m = 0; m < M; ++m) {
-      const Dot d = dot_f64(x.data() + m * H, w.data(), H);
-      o.value[size_t(m) * rows.size() + r] = d.value;
-      o.tol[size_t(m) * rows.size() + r] =
-          (gamma_n(H + groups + 1, 2.0 * kU32) + u_extra + gamma_n(H + 4, kU64)) * d.abs_sum + 1e-30;
-    }
+const char* backend_tag(Backend b) {
+  switch (b) {
+    case Backend::kAuto: return "auto";
+    case Backend::kFused: return "fused";
+    case Backend::kFallbackBlas: return "blas";
+    case Backend::kReference: return "reference";
   }
-  return o;
+  return "?";
+}
+
+// Whether the logits of `backend` may come from dequant + cuBLAS: the
+// fallback always; any backend for a scheme without a fused kernel (bits
+// other than 4 and 8); kAuto above 64 rows where no GEMM takes the shape.
+bool may_take_cublas(Backend backend, int bits, int64_t M) {
+  return backend == Backend::kFallbackBlas || (bits != 4 && bits != 8) || (backend == Backend::kAuto && M > 64);
+}
+
+// The bound of the file comment for a [*, H] table of scheme s.
+LogitBound cuda_bound(const QuantScheme& s, int64_t H, DType act, bool cublas) {
+  LogitBound b;
+  b.u_add = 2.0 * kU32;
+  b.extra_adds = s.groups(H) + 1;
+  b.u_weights = cublas ? unit_roundoff(act) : 0.0;
+  b.floor = 1e-30;
+  return b;
 }
 
 // Rows checked against the oracle: all of them for small V, else the first
 // and last 40 and 400 seeded random ones (every element is still checked for
 // having been written).
 std::vector<int64_t> rows_to_check(int64_t V, uint64_t seed) {
+  if (V <= 4096) return all_rows(V);
   std::vector<int64_t> r;
-  if (V <= 4096) {
-    r.resize(size_t(V));
-    std::iota(r.begin(), r.end(), 0);
-    return r;
-  }
   for (int64_t i = 0; i < 40; ++i) { r.push_back(i); r.push_back(V - 1 - i); }
   Rng rng(seed);
   std::uniform_int_distribution<int64_t> d(0, V - 1);
@@ -90,33 +93,15 @@ std::vector<int64_t> rows_to_check(int64_t V, uint64_t seed) {
   return r;
 }
 
-struct LogitsCase {
-  int bits, group;
-  bool sym;
-  DType act, scale;
-  int64_t V, H, M;
-};
+QuantScheme scheme_of(const LogitsCase& c) { return make_scheme(c.bits, c.group, c.symmetric, c.scale); }
 
-QuantScheme scheme_of(const LogitsCase& c) {
-  QuantScheme s;
-  s.bits = c.bits;
-  s.group_size = c.group;
-  s.symmetric = c.sym;
-  s.scale_dtype = c.scale;
-  return s;
-}
-
-std::string describe(const LogitsCase& c) {
-  return scheme_of(c).name() + " act=" + dtype_name(c.act) + " scale=" + dtype_name(c.scale) +
-         " V=" + std::to_string(c.V) + " H=" + std::to_string(c.H) + " M=" + std::to_string(c.M);
-}
-
-// With `force`, the logits kernel it names runs (through the kernel-plan door,
+// Logits of case c on `backend`, its inputs seeded from the case's name. With
+// `force`, the logits kernel it names runs (through the kernel-plan door,
 // cuda_ops::run_logits), and the plan that ran must name it.
-void check_logits(const LogitsCase& c, uint64_t seed, Backend backend = Backend::kAuto,
-                  std::optional<cuda_plan::LogitsKernel> force = std::nullopt) {
-  SCOPED_TRACE(describe(c) + (backend == Backend::kFallbackBlas ? " (fallback)" : "") +
+void check_logits(const LogitsCase& c, Backend backend, std::optional<cuda_plan::LogitsKernel> force = std::nullopt) {
+  SCOPED_TRACE(case_name(c) + " on " + backend_tag(backend) +
                (force ? std::string(" forced ") + cuda_plan::logits_kernel_name(*force) : std::string()));
+  const uint64_t seed = case_seed(c);
   const QuantScheme s = scheme_of(c);
   const PackedTable host = random_packed(c.V, c.H, s, seed);
   const Table dev = cuda::to_device(Table::packed(host));
@@ -135,114 +120,90 @@ void check_logits(const LogitsCase& c, uint64_t seed, Backend backend = Backend:
   const Tensor oh = download(out);
   ASSERT_EQ(count_nan(oh.view()), 0) << "unwritten (NaN-poisoned) outputs remain";
   const std::vector<float> xf = to_f32(xh.view());
-  const std::vector<int64_t> rows = rows_to_check(c.V, seed + 2);
-  const double u_extra = backend == Backend::kFallbackBlas ? unit_roundoff(c.act) : 0.0;
-  const Oracle o = oracle(host, xf, c.M, rows, u_extra);
+  const Oracle o = make_oracle(Table::packed(host), xf.data(), c.M, rows_to_check(c.V, seed + 2),
+                               cuda_bound(s, c.H, c.act, may_take_cublas(backend, c.bits, c.M)));
   int bad = 0;
   for (int64_t m = 0; m < c.M; ++m)
-    for (size_t r = 0; r < rows.size(); ++r) {
-      const double got = oh.ptr<float>()[m * c.V + rows[r]];
-      const double want = o.value[size_t(m) * rows.size() + r], tol = o.tol[size_t(m) * rows.size() + r];
+    for (int64_t r = 0; r < int64_t(o.rows.size()); ++r) {
+      const double got = oh.ptr<float>()[m * c.V + o.rows[size_t(r)]];
+      const double want = o.val(m, r), tol = o.tl(m, r);
       if (!(std::fabs(got - want) <= tol) && bad++ < 5)
-        ADD_FAILURE() << "m=" << m << " row=" << rows[r] << " got " << got << " want " << want << " tol " << tol;
+        ADD_FAILURE() << "m=" << m << " row=" << o.rows[size_t(r)] << " got " << got << " want " << want << " tol "
+                      << tol;
     }
   EXPECT_EQ(bad, 0);
 }
 
-TEST(Cuda, LogitsEverySchemeAndDtype) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 100;
-  for (int bits : {4, 8})
-    for (int group : {32, 64, 128, -1})
-      for (bool sym : {true, false})
-        for (DType act : {DType::kF16, DType::kBF16})
-          for (int64_t M : {1, 3, 16, 17, 64, 256}) {
-            const DType scale = (seed % 3 == 0) ? DType::kF32 : act;
-            check_logits({bits, group, sym, act, scale, 50257, 1024, M}, seed++, Backend::kFused);
-          }
+// ---- the logits sweep: backend × case (tests/cases.h, the CUDA sweep) --------------------------
+//
+// Every scheme and dtype at V = 50257, H = 1024 and every M that selects a
+// kernel family; awkward vocabs (1, 3, 151936, 49152 + 64); the hidden sizes
+// of real models (576, 640, 2560, 4096); the shapes cuBLAS serves (3-bit).
+// Each on kFused (the fused kernel even where kAuto takes cuBLAS), kAuto and
+// kFallbackBlas.
+
+struct LogitsParam {
+  Backend backend;
+  LogitsCase c;
+};
+
+std::vector<LogitsParam> logits_params() {
+  std::vector<LogitsParam> out;
+  for (const LogitsCase& c : logits_cases(kCudaSweep))
+    for (Backend b : {Backend::kFused, Backend::kAuto, Backend::kFallbackBlas}) out.push_back({b, c});
+  return out;
 }
 
-TEST(Cuda, LogitsAwkwardVocab) {
-  SKIP_WITHOUT_GPU();
-  uint64_t seed = 900;
-  for (int64_t V : {1, 3, 151936, 49152 + 64})
-    for (int64_t M : {1, 3, 16, 17, 64, 256}) {
-      const int bits = (seed % 2) ? 4 : 8;
-      const int group = (seed % 4 < 2) ? 64 : 128;
-      check_logits({bits, group, seed % 3 != 0, seed % 2 ? DType::kBF16 : DType::kF16, DType::kBF16, V, 1024, M},
-                   seed++, Backend::kFused);
-    }
+std::string logits_param_name(const testing::TestParamInfo<LogitsParam>& info) {
+  return std::string(backend_tag(info.param.backend)) + "_" + case_name(info.param.c);
 }
 
-TEST(Cuda, LogitsOtherHidden) {
+// --gtest_list_tests prints the parameter: its name, not its bytes.
+void PrintTo(const LogitsParam& p, std::ostream* os) { *os << backend_tag(p.backend) << " " << case_name(p.c); }
+
+class CudaLogits : public testing::TestWithParam<LogitsParam> {};
+
+TEST_P(CudaLogits, Sweep) {
   SKIP_WITHOUT_GPU();
-  // H = 576 (SmolLM2), 640 (Gemma-3-270M), 2560 (Gemma-3-4B), 4096 (Llama-3-8B).
-  uint64_t seed = 1300;
-  for (int64_t H : {576, 640, 2560, 4096})
-    for (int group : {32, 64, 128, -1}) {
-      if (group > 0 && H % group) continue;
-      for (int64_t M : {1, 17})
-        check_logits({seed % 2 ? 4 : 8, group, seed % 3 != 0, DType::kBF16, DType::kF16, 4099, H, M}, seed++, Backend::kFused);
-    }
+  check_logits(GetParam().c, GetParam().backend);
 }
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaLogits, testing::ValuesIn(logits_params()), logits_param_name);
 
 // Every fused kernel family at every M it takes, forced through the
 // overrides: the GEMVs up to M = 256, the GEMMs down to M = 1, so each is
 // checked on the shapes the others normally take; each run asserts the plan
 // named the forced kernel. A family that cannot take a case (the staged GEMV
-// above 16 columns, the wgmma GEMMs off sm_90) is skipped there, and each
-// family must have run on most cases.
+// above 16 columns, the wgmma GEMMs off sm_90) is skipped there, and the test
+// counts the cases each family ran.
 TEST(Cuda, LogitsEveryKernelAtEveryM) {
   SKIP_WITHOUT_GPU();
   using cuda_plan::LogitsKernel;
-  uint64_t seed = 1700;
+  const bool wgmma = cuda_ops::device_info().has_wgmma();
+  int mode = 0;
   for (LogitsKernel k : {LogitsKernel::kGemvRegRing, LogitsKernel::kGemvStaged, LogitsKernel::kGemmMmaSync,
                          LogitsKernel::kGemmWgmma, LogitsKernel::kGemmWgmmaWs}) {
-    int ran = 0, cases = 0;
-    for (int bits : {4, 8})
-      for (int group : {32, 128, -1})
-        for (int64_t M : {1, 3, 8, 16, 17, 33, 64, 65, 256}) {
-          const bool sym = seed % 2 == 0;
-          const DType act = seed % 3 == 0 ? DType::kF16 : DType::kBF16;
-          const DType scale = seed % 5 == 0 ? DType::kF32 : (seed % 5 < 3 ? DType::kF16 : DType::kBF16);
-          const int64_t V = seed % 4 == 0 ? 257 : 3001;
-          const LogitsCase c{bits, group, sym, act, scale, V, 1024, M};
-          ++cases;
-          // Which kernel the forced plan names for this case (without running it).
-          const Table probe = cuda::to_device(Table::packed(random_packed(1, c.H, scheme_of(c), 1)));
-          const Tensor xp = cuda::empty(act, {M, c.H});
-          cuda_plan::LogitsOverrides ov;
-          ov.kernel = k;
-          const cuda_plan::LogitsPlan plan = cuda_ops::plan_logits(probe, xp.view(), Backend::kFused, ov);
-          if (plan.kernel != k) {
-            ++seed;
-            continue;
-          }
-          check_logits(c, seed++, Backend::kFused, k);
-          ++ran;
-        }
-    const bool wgmma = cuda_ops::device_info().has_wgmma();
+    const std::vector<LogitsCase> cases = every_m_cases(mode++ % 4);
+    int ran = 0;
+    for (const LogitsCase& c : cases) {
+      // Which kernel the forced plan names for this case (without running it).
+      const Table probe = cuda::to_device(Table::packed(random_packed(1, c.H, scheme_of(c), 1)));
+      const Tensor xp = cuda::empty(c.act, {c.M, c.H});
+      cuda_plan::LogitsOverrides ov;
+      ov.kernel = k;
+      if (cuda_ops::plan_logits(probe, xp.view(), Backend::kFused, ov).kernel != k) continue;
+      check_logits(c, Backend::kFused, k);
+      ++ran;
+    }
     if (k == LogitsKernel::kGemvStaged) EXPECT_EQ(ran, 2 * 3 * 4) << "the staged GEMV at M <= 16";
-    else if (k == LogitsKernel::kGemmWgmma || k == LogitsKernel::kGemmWgmmaWs) EXPECT_EQ(ran, wgmma ? cases : 0);
-    else EXPECT_EQ(ran, cases) << cuda_plan::logits_kernel_name(k);
+    else if (k == LogitsKernel::kGemmWgmma || k == LogitsKernel::kGemmWgmmaWs) EXPECT_EQ(ran, wgmma ? int(cases.size()) : 0);
+    else EXPECT_EQ(ran, int(cases.size())) << cuda_plan::logits_kernel_name(k);
   }
   // The staged GEMV's configurations (M <= 16): 128-byte stages (H = 2560) and
   // 64-byte ones (4-bit H = 640), one or two activation tiles, partial tiles.
-  for (int64_t H : {640, 2560})
-    for (int bits : {4, 8})
-      for (int group : {32, 64, 128, -1})
-        for (int64_t M : {2, 9, 12}) {
-          const DType act = seed % 3 == 0 ? DType::kF16 : DType::kBF16;
-          const DType scale = seed % 5 == 0 ? DType::kF32 : (seed % 5 < 3 ? DType::kF16 : DType::kBF16);
-          check_logits({bits, group, seed % 2 == 0, act, scale, 1001, H, M}, seed++, Backend::kFused);
-        }
+  for (const LogitsCase& c : staged_gemv_cases()) check_logits(c, Backend::kFused);
   // H whose stage count is odd or a group spans several stages (8-bit g128: 2 stages; per row).
-  for (int64_t H : {640, 2560, 4096})
-    for (int group : {64, 128, -1})
-      for (int bits : {4, 8}) {
-        if (group > 0 && H % group) continue;
-        check_logits({bits, group, seed % 2 == 0, DType::kF16, DType::kBF16, 1000, H, 40}, seed++, Backend::kAuto);
-      }
+  for (const LogitsCase& c : odd_stage_cases()) check_logits(c, Backend::kAuto);
 }
 
 // The warp-specialized wgmma GEMM (M > 64 on sm_90, elsewhere the mma.sync
@@ -250,53 +211,29 @@ TEST(Cuda, LogitsEveryKernelAtEveryM) {
 // M = 256: 157 row tiles × 2 column tiles), the stage ring's phases wrapping
 // inside a unit and across units, every group layout (several groups per
 // stage, one, a group over several stages), zero points. Small enough for
-// compute-sanitizer.
+// compute-sanitizer. Its 8-bit stages hold 128 bytes of a row (ws_c): rows of
+// 576 bytes take the CTA-barrier wgmma GEMM's 64-byte stages instead, at the
+// same M (the list's last two cases).
 TEST(Cuda, LogitsWgmmaWarpSpecialized) {
   SKIP_WITHOUT_GPU();
-  uint64_t seed = 2100;
-  for (int bits : {4, 8})
-    for (int group : {32, 64, 128, -1})
-      for (int64_t M : {65, 256}) {
-        const DType act = seed % 3 == 0 ? DType::kF16 : DType::kBF16;
-        const DType scale = seed % 5 == 0 ? DType::kF32 : (seed % 5 < 3 ? DType::kF16 : DType::kBF16);
-        check_logits({bits, group, seed % 2 == 0, act, scale, M == 256 ? 20011 : 3001, 1024, M}, seed++,
-                     Backend::kFused);
-      }
-  // Its 8-bit stages hold 128 bytes of a row: rows of 576 bytes take the CTA-barrier wgmma
-  // GEMM's 64-byte stages instead, at the same M.
   const bool wgmma = cuda_ops::device_info().has_wgmma();
-  const auto cta_wgmma = wgmma ? std::optional(cuda_plan::LogitsKernel::kGemmWgmma) : std::nullopt;
-  check_logits({8, 64, true, DType::kF16, DType::kF16, 3001, 576, 256}, seed++, Backend::kFused, cta_wgmma);
-  check_logits({8, -1, false, DType::kBF16, DType::kBF16, 3001, 576, 70}, seed++, Backend::kFused, cta_wgmma);
+  const std::vector<LogitsCase> cases = wgmma_ws_cases();
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const bool cta_barrier = i + 2 >= cases.size();  // the two 576-byte-row cases
+    const auto want = !wgmma ? std::nullopt
+                      : cta_barrier ? std::optional(cuda_plan::LogitsKernel::kGemmWgmma)
+                                    : std::optional(cuda_plan::LogitsKernel::kGemmWgmmaWs);
+    check_logits(cases[i], Backend::kFused, want);
+  }
 }
 
 // The staged GEMV with large activations: up to 72 KB (here M = 7) each CTA
 // builds their shared layout itself, above (M = 16) staged_x_kernel builds it
 // once per call and each CTA copies it (one CTA per SM). 8-bit g32 with f32
-// scales exceeds the scale block and takes the register kernel.
+// scales exceeds the scale block and takes the register-ring GEMV.
 TEST(Cuda, LogitsStagedLargeActivations) {
   SKIP_WITHOUT_GPU();
-  uint64_t seed = 1900;
-  for (int64_t H : {2560, 4096})
-    for (int bits : {4, 8})
-      for (int group : {32, 128, -1})
-        for (int64_t M : {7, 16}) {
-          const DType act = seed % 3 == 0 ? DType::kF16 : DType::kBF16;
-          const DType scale = seed % 5 == 0 ? DType::kF32 : (seed % 5 < 3 ? DType::kF16 : DType::kBF16);
-          check_logits({bits, group, seed % 2 == 0, act, scale, H == 2560 && M == 7 ? 50257 : 1001, H, M}, seed++,
-                       Backend::kFused);
-        }
-}
-
-TEST(Cuda, LogitsFallbackAndUnsupportedShapes) {
-  SKIP_WITHOUT_GPU();
-  check_logits({4, 64, true, DType::kF16, DType::kF16, 3001, 1024, 5}, 2001, Backend::kFallbackBlas);
-  // The fallback (dequant to the activation dtype + cuBLAS): the weight-rounding bound applies.
-  check_logits({4, 128, false, DType::kBF16, DType::kBF16, 3001, 1024, 200}, 2004, Backend::kFallbackBlas);
-  check_logits({8, -1, false, DType::kBF16, DType::kBF16, 3001, 512, 33}, 2002, Backend::kFallbackBlas);
-  // 3-bit has no fused kernel: the dispatcher falls back, results still right.
-  LogitsCase c{3, 32, true, DType::kBF16, DType::kBF16, 777, 256, 4};
-  check_logits(c, 2003, Backend::kFallbackBlas);
+  for (const LogitsCase& c : staged_large_x_cases()) check_logits(c, Backend::kFused);
 }
 
 TEST(Cuda, EmbedMatchesDequantizedRows) {
@@ -349,13 +286,20 @@ TEST(Cuda, EmbedMatchesDequantizedRows) {
 //     or tied with the k-th within tolerance, the lse within the largest
 //     logit bound.
 
-struct TopkCase {
-  int bits, group;
-  bool sym;
-  DType act;
-  int64_t V, M, k;
-  Backend backend;
-};
+// A top-k case of H = 1024 (cases.h's TopkCase) from its fields.
+TopkCase tk(int bits, int group, bool sym, DType act, DType scale, int64_t V, int64_t M, int64_t k) {
+  TopkCase c;
+  c.bits = bits;
+  c.group = group;
+  c.symmetric = sym;
+  c.act = act;
+  c.scale = scale;
+  c.V = V;
+  c.H = 1024;
+  c.M = M;
+  c.k = k;
+  return c;
+}
 
 // Exact top-k of one row of logits (the reference's order).
 std::vector<int32_t> exact_topk(const float* l, int64_t V, int64_t k) {
@@ -367,17 +311,13 @@ std::vector<int32_t> exact_topk(const float* l, int64_t V, int64_t k) {
   return order;
 }
 
+// Top-k of case c on `backend`, its inputs seeded from the case's name.
 // edit: changes the random table before it is uploaded.
-void check_topk(const TopkCase& c, uint64_t seed, const std::function<void(PackedTable&)>& edit = {}) {
-  QuantScheme s;
-  s.bits = c.bits;
-  s.group_size = c.group;
-  s.symmetric = c.sym;
-  s.scale_dtype = (seed % 3 == 0) ? DType::kF32 : c.act;
-  const int64_t H = 1024, V = c.V, M = c.M, K = c.k;
-  SCOPED_TRACE(s.name() + " act=" + dtype_name(c.act) + " V=" + std::to_string(V) + " M=" + std::to_string(M) +
-               " k=" + std::to_string(K) + (c.backend == Backend::kFallbackBlas ? " (fallback)" : "") +
-               (c.backend == Backend::kFused ? " (fused)" : ""));
+void check_topk(const TopkCase& c, Backend backend, const std::function<void(PackedTable&)>& edit = {}) {
+  const QuantScheme s = make_scheme(c.bits, c.group, c.symmetric, c.scale);
+  const uint64_t seed = case_seed(c);
+  const int64_t H = c.H, V = c.V, M = c.M, K = c.k;
+  SCOPED_TRACE(case_name(c) + " on " + backend_tag(backend));
   PackedTable host = random_packed(V, H, s, seed);
   if (edit) edit(host);
   const Table dev = cuda::to_device(Table::packed(host));
@@ -385,10 +325,10 @@ void check_topk(const TopkCase& c, uint64_t seed, const std::function<void(Packe
   const Tensor xd = upload(xh);
   // The logits the top-k is computed from, by the same path.
   Tensor ld = poisoned_device(DType::kF32, {M, V});
-  logits(dev, xd.view(), ld.view(), c.backend);
+  logits(dev, xd.view(), ld.view(), backend);
   Tensor vals = poisoned_device(DType::kF32, {M, K}), ids = poisoned_device(DType::kI32, {M, K}),
          lse = poisoned_device(DType::kF32, {M});
-  topk(dev, xd.view(), K, vals.view(), ids.view(), lse.view(), c.backend);
+  topk(dev, xd.view(), K, vals.view(), ids.view(), lse.view(), backend);
   cuda::synchronize();
   const Tensor lh = download(ld), vh = download(vals), ih = download(ids), sh = download(lse);
   ASSERT_EQ(count_nan(vh.view()) + count_nan(sh.view()), 0) << "unwritten (NaN-poisoned) outputs remain";
@@ -419,19 +359,16 @@ void check_topk(const TopkCase& c, uint64_t seed, const std::function<void(Packe
   EXPECT_EQ(bad, 0);
   // The oracle on up to two rows.
   const std::vector<float> xf = to_f32(xh.view());
-  std::vector<int64_t> all(static_cast<size_t>(V));
-  std::iota(all.begin(), all.end(), 0);
-  const double u_extra = c.backend == Backend::kFallbackBlas || (c.backend == Backend::kAuto && M > 64)
-                             ? unit_roundoff(c.act) : 0.0;
+  const LogitBound bound = cuda_bound(s, H, c.act, may_take_cublas(backend, c.bits, M));
   // One pass of the (slow, bit-by-bit) dequantizer for both rows.
   const std::vector<int64_t> ms = M == 1 ? std::vector<int64_t>{0} : std::vector<int64_t>{0, M - 1};
   std::vector<float> xsel;
   for (int64_t m : ms) xsel.insert(xsel.end(), xf.begin() + m * H, xf.begin() + (m + 1) * H);
-  const Oracle o = oracle(host, xsel, int64_t(ms.size()), all, u_extra);
+  const Oracle o = make_oracle(Table::packed(host), xsel.data(), int64_t(ms.size()), all_rows(V), bound);
   for (size_t mi = 0; mi < ms.size(); ++mi) {
     const int64_t m = ms[mi];
-    const double* ov = o.value.data() + mi * size_t(V);
-    const double* ot = o.tol.data() + mi * size_t(V);
+    const double* ov = o.value.data() + o.at(int64_t(mi), 0);
+    const double* ot = o.tol.data() + o.at(int64_t(mi), 0);
     std::vector<int64_t> order(static_cast<size_t>(V));
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + K, order.end(),
@@ -450,84 +387,93 @@ void check_topk(const TopkCase& c, uint64_t seed, const std::function<void(Packe
   }
 }
 
-// bits × group × sym × dtype, crossed with every (V, M, k) of the top-k
-// sweep: V ∈ {1, 3, 50257, 151936} × M ∈ {1, 3, 16, 17, 64, 256} ×
-// k ∈ {1, 50, 200 (more than a CTA's tile step of 128 rows), 1000 (beyond the
-// fused epilogue's k), V (tiny V)}, with kAuto (logits, then the selection)
-// and, where it applies (M <= 8, k <= 256, rows the staged kernel takes with
-// 128-byte stages), kFused (the fused epilogue).
-TEST(Cuda, TopkSweep) {
-  SKIP_WITHOUT_GPU();
-  std::vector<TopkCase> cases;
-  int si = 0;
-  for (int64_t V : {1, 3, 50257, 151936})
-    for (int64_t M : {1, 3, 16, 17, 64, 256}) {
-      std::vector<int64_t> ks = V == 1 ? std::vector<int64_t>{1} : V == 3 ? std::vector<int64_t>{1, 3}
-                                                                            : std::vector<int64_t>{1, 50, 200, 1000};
-      for (int64_t k : ks) {
-        const int sc = si++;  // cycles through the 32 (bits, group, sym, dtype) schemes
-        const int bits = (sc & 1) ? 8 : 4;
-        const int group = std::array<int, 4>{32, 64, 128, -1}[size_t((sc >> 1) & 3)];
-        const bool sym = ((sc >> 3) & 1) == 0;
-        const DType act = ((sc >> 4) & 1) ? DType::kBF16 : DType::kF16;
-        cases.push_back({bits, group, sym, act, V, M, k, Backend::kAuto});
-        // The pool epilogue (kFused) where it applies: M <= 8, k <= 256, 4- and 8-bit.
-        if (M <= 8 && k <= 256) cases.push_back({bits, group, sym, act, V, M, k, Backend::kFused});
-      }
-    }
-  uint64_t seed = 4000;
-  for (const TopkCase& c : cases) {
-    check_topk(c, seed);
-    seed += 2;
+// ---- the top-k sweep: backend × case (tests/cases.h, topk_cases) -------------------------------
+//
+// bits × group × sym × dtype, crossed with V ∈ {1, 3, 50257, 151936} × M ∈
+// {1, 3, 16, 17, 64, 256} × k ∈ {1, 50, 200 (more than a CTA's tile step of
+// 128 rows), 1000 (beyond the fused epilogue's k), V (tiny V)}, with kAuto
+// (logits, then the selection) and, where it applies (M <= 8, k <= 256, rows
+// the staged GEMV takes with 128-byte stages), kFused (the fused epilogue).
+
+struct TopkParam {
+  Backend backend;
+  TopkCase c;
+};
+
+std::vector<TopkParam> topk_params() {
+  std::vector<TopkParam> out;
+  for (const TopkCase& c : topk_cases()) {
+    if (c.on_auto) out.push_back({Backend::kAuto, c});
+    if (c.on_fused) out.push_back({Backend::kFused, c});
   }
+  return out;
 }
+
+std::string topk_param_name(const testing::TestParamInfo<TopkParam>& info) {
+  return std::string(backend_tag(info.param.backend)) + "_" + case_name(info.param.c);
+}
+
+void PrintTo(const TopkParam& p, std::ostream* os) { *os << backend_tag(p.backend) << " " << case_name(p.c); }
+
+class CudaTopk : public testing::TestWithParam<TopkParam> {};
+
+TEST_P(CudaTopk, Sweep) {
+  SKIP_WITHOUT_GPU();
+  check_topk(GetParam().c, GetParam().backend);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaTopk, testing::ValuesIn(topk_params()), topk_param_name);
 
 // The other paths: logits by dequant + cuBLAS for small M, the fused logits
 // kernel (not its epilogue) at M > 64; every scheme once at M = 5 (the fused
-// epilogue) and at M = 16 (logits, then the selection).
+// epilogue) and at M = 16 (logits, then the selection). Every third case has
+// F32 scales, the others the activation's.
 TEST(Cuda, TopkOtherPaths) {
   SKIP_WITHOUT_GPU();
-  uint64_t seed = 4600;
-  check_topk({4, 64, true, DType::kF16, 50257, 5, 50, Backend::kFallbackBlas}, seed++);
-  check_topk({8, 128, false, DType::kBF16, 50257, 17, 200, Backend::kFallbackBlas}, seed++);
-  check_topk({4, 128, false, DType::kBF16, 50257, 100, 50, Backend::kFused}, seed++);
-  check_topk({8, -1, true, DType::kF16, 3001, 256, 7, Backend::kFused}, seed++);
+  check_topk(tk(4, 64, true, DType::kF16, DType::kF16, 50257, 5, 50), Backend::kFallbackBlas);
+  check_topk(tk(8, 128, false, DType::kBF16, DType::kBF16, 50257, 17, 200), Backend::kFallbackBlas);
+  check_topk(tk(4, 128, false, DType::kBF16, DType::kF32, 50257, 100, 50), Backend::kFused);
+  check_topk(tk(8, -1, true, DType::kF16, DType::kF16, 3001, 256, 7), Backend::kFused);
+  int n = 0;
   for (int bits : {4, 8})
     for (int group : {32, 64, 128, -1})
       for (bool sym : {true, false})
         for (DType act : {DType::kF16, DType::kBF16})
-          for (int64_t M : {5, 16})
-            check_topk({bits, group, sym, act, 20011, M, 50, M <= 8 ? Backend::kFused : Backend::kAuto}, seed++);
+          for (int64_t M : {5, 16}) {
+            const DType scale = n++ % 3 == 1 ? DType::kF32 : act;
+            check_topk(tk(bits, group, sym, act, scale, 20011, M, 50), M <= 8 ? Backend::kFused : Backend::kAuto);
+          }
 }
 
-// The list top-k of the warp-specialized GEMM (kFused above 64 rows on sm_90; elsewhere
-// logits, then selection): every group layout, zero points or not, both
-// activation dtypes, k from 1 to the epilogue's 256; M = 65 (one column tile,
-// 63 masked columns) and 130 (two tiles, half the SMs each); V with a
-// partial last tile (20011), exactly the sample plus a partial tile
+// The list top-k of the warp-specialized wgmma GEMM (kFused above 64 rows on
+// sm_90; elsewhere logits, then selection): every group layout, zero points
+// or not, both activation dtypes, k from 1 to the epilogue's 256; M = 65 (one
+// column tile, 63 masked columns) and 130 (two tiles, half the SMs each); V
+// with a partial last tile (20011), exactly the sample plus a partial tile
 // (8192 + 5: every whole tile sampled), and without a whole tile to sample
-// (V = 100: no threshold, every logit a candidate). Then rows whose logits
-// lie far above the rest (their scales × 2^12): the lse must not overflow
-// where the max is not in the sample, and the top-k holds them.
+// (V = 100: no threshold, every logit a candidate). Scales are F32 for every
+// third case, else the activation's. Then rows whose logits lie far above
+// the rest (their scales × 2^12): the lse must not overflow where the max is
+// not in the sample, and the top-k holds them.
 TEST(Cuda, TopkListEpilogue) {
   SKIP_WITHOUT_GPU();
-  uint64_t seed = 4700;
   const std::array<int64_t, 3> ks = {1, 50, 256};
   int i = 0;
   for (int bits : {4, 8})
     for (int group : {32, 64, 128, -1})
       for (bool sym : {true, false}) {
         const DType act = i % 2 ? DType::kBF16 : DType::kF16;
+        const DType scale = i % 3 == 1 ? DType::kF32 : act;
         const int64_t M = i % 3 == 0 ? 130 : 65;
-        check_topk({bits, group, sym, act, 20011, M, ks[size_t(i++) % 3], Backend::kFused}, seed++);
+        check_topk(tk(bits, group, sym, act, scale, 20011, M, ks[size_t(i++) % 3]), Backend::kFused);
       }
-  check_topk({4, 64, true, DType::kF16, 8192 + 5, 130, 50, Backend::kFused}, seed++);
-  check_topk({8, 128, false, DType::kBF16, 100, 65, 50, Backend::kFused}, seed++);
-  check_topk({4, 128, true, DType::kF16, 3, 70, 3, Backend::kFused}, seed++);
+  check_topk(tk(4, 64, true, DType::kF16, DType::kF32, 8192 + 5, 130, 50), Backend::kFused);
+  check_topk(tk(8, 128, false, DType::kBF16, DType::kBF16, 100, 65, 50), Backend::kFused);
+  check_topk(tk(4, 128, true, DType::kF16, DType::kF16, 3, 70, 3), Backend::kFused);
   // The sample takes every 6th of the 392 tiles: row 200 lies outside it, row 7 inside.
   for (int64_t r : {int64_t(200), int64_t(7)}) {
-    seed = (seed + 2) / 3 * 3;  // f32 scales (check_topk: seed % 3 == 0)
-    check_topk({4, 128, false, DType::kF16, 50257, 96, 50, Backend::kFused}, seed++, [r](PackedTable& t) {
+    SCOPED_TRACE("row " + std::to_string(r) + " scaled by 4096");
+    check_topk(tk(4, 128, false, DType::kF16, DType::kF32, 50257, 96, 50), Backend::kFused, [r](PackedTable& t) {
       ASSERT_EQ(t.scheme.scale_dtype, DType::kF32);
       float* sc = t.scale.ptr<float>() + r * t.scheme.groups(t.hidden);
       for (int64_t g = 0; g < t.scheme.groups(t.hidden); ++g) sc[g] *= 4096.0f;
@@ -551,12 +497,10 @@ TEST(Cuda, TopkListSampleRowsPastTheSample) {
       store_from_f32(t.scale.data(), t.scheme.scale_dtype, r * G + g,
                      4096.0f * load_as_f32(t.scale.data(), t.scheme.scale_dtype, r * G + g));
   };
-  uint64_t seed = 4901;  // seed % 3 != 0: 16-bit scales (check_topk)
-  check_topk({4, 128, true, DType::kBF16, 20011, 65, 1, Backend::kFused}, seed, scale_row);
-  seed = 4903;
-  check_topk({8, 64, false, DType::kBF16, 20011, 65, 1, Backend::kFused}, seed, scale_row);
-  seed = 4904;
-  check_topk({4, 128, false, DType::kBF16, 20011, 130, 50, Backend::kFused}, seed, scale_row);
+  // 16-bit scales.
+  check_topk(tk(4, 128, true, DType::kBF16, DType::kBF16, 20011, 65, 1), Backend::kFused, scale_row);
+  check_topk(tk(8, 64, false, DType::kBF16, DType::kBF16, 20011, 65, 1), Backend::kFused, scale_row);
+  check_topk(tk(4, 128, false, DType::kBF16, DType::kBF16, 20011, 130, 50), Backend::kFused, scale_row);
 }
 
 // Small shapes for the compute-sanitizer runs (memcheck, racecheck): each
@@ -567,18 +511,17 @@ TEST(Cuda, TopkListSampleRowsPastTheSample) {
 // points and k = 256).
 TEST(Cuda, TopkSmallShapes) {
   SKIP_WITHOUT_GPU();
-  uint64_t seed = 4800;
-  check_topk({4, 64, true, DType::kF16, 4099, 1, 50, Backend::kFused}, seed++);
-  check_topk({4, 128, false, DType::kBF16, 4099, 8, 200, Backend::kFused}, seed++);
-  check_topk({4, -1, true, DType::kF16, 4099, 3, 256, Backend::kFused}, seed++);
-  check_topk({4, 64, true, DType::kF16, 4099, 1, 50, Backend::kAuto}, seed++);
-  check_topk({4, 128, false, DType::kBF16, 4099, 17, 200, Backend::kAuto}, seed++);
-  check_topk({8, 128, true, DType::kF16, 4099, 64, 50, Backend::kAuto}, seed++);
-  check_topk({4, 32, false, DType::kF16, 3, 3, 3, Backend::kAuto}, seed++);
-  check_topk({8, -1, true, DType::kBF16, 4099, 70, 50, Backend::kAuto}, seed++);
-  check_topk({4, 64, true, DType::kF16, 4099, 2, 1000, Backend::kFallbackBlas}, seed++);
-  check_topk({4, 64, true, DType::kF16, 8192 + 5, 65, 50, Backend::kFused}, seed++);
-  check_topk({8, 128, false, DType::kBF16, 16384 + 129, 70, 256, Backend::kFused}, seed++);
+  check_topk(tk(4, 64, true, DType::kF16, DType::kF32, 4099, 1, 50), Backend::kFused);
+  check_topk(tk(4, 128, false, DType::kBF16, DType::kBF16, 4099, 8, 200), Backend::kFused);
+  check_topk(tk(4, -1, true, DType::kF16, DType::kF16, 4099, 3, 256), Backend::kFused);
+  check_topk(tk(4, 64, true, DType::kF16, DType::kF32, 4099, 1, 50), Backend::kAuto);
+  check_topk(tk(4, 128, false, DType::kBF16, DType::kBF16, 4099, 17, 200), Backend::kAuto);
+  check_topk(tk(8, 128, true, DType::kF16, DType::kF16, 4099, 64, 50), Backend::kAuto);
+  check_topk(tk(4, 32, false, DType::kF16, DType::kF32, 3, 3, 3), Backend::kAuto);
+  check_topk(tk(8, -1, true, DType::kBF16, DType::kBF16, 4099, 70, 50), Backend::kAuto);
+  check_topk(tk(4, 64, true, DType::kF16, DType::kF16, 4099, 2, 1000), Backend::kFallbackBlas);
+  check_topk(tk(4, 64, true, DType::kF16, DType::kF32, 8192 + 5, 65, 50), Backend::kFused);
+  check_topk(tk(8, 128, false, DType::kBF16, DType::kBF16, 16384 + 129, 70, 256), Backend::kFused);
 }
 
 // Each top-k path, forced through the overrides, returns the same values and ids as
@@ -692,8 +635,9 @@ TEST(Cuda, TopkTiesLowerIdFirst) {
   const Tensor ih = download(r.ids), vh = download(r.values);
   for (int m = 0; m < 2; ++m)
     for (int j = 0; j + 1 < 10; ++j)
-      if (vh.ptr<float>()[m * 10 + j] == vh.ptr<float>()[m * 10 + j + 1])
+      if (vh.ptr<float>()[m * 10 + j] == vh.ptr<float>()[m * 10 + j + 1]) {
         EXPECT_LT(ih.ptr<int32_t>()[m * 10 + j], ih.ptr<int32_t>()[m * 10 + j + 1]);
+      }
 }
 
 TEST(Cuda, RescoreFromDenseRows) {
@@ -712,7 +656,9 @@ TEST(Cuda, RescoreFromDenseRows) {
       const int id = ih.ptr<int32_t>()[m * K + j];
       const Dot d = dot_f64(x.data() + m * H, w.data() + int64_t(id) * H, H);
       EXPECT_NEAR(vh.ptr<float>()[m * K + j], d.value, logit_tol(d, H));
-      if (j) EXPECT_GE(vh.ptr<float>()[m * K + j - 1], vh.ptr<float>()[m * K + j]);
+      if (j) {
+        EXPECT_GE(vh.ptr<float>()[m * K + j - 1], vh.ptr<float>()[m * K + j]);
+      }
     }
 }
 

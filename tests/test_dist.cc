@@ -66,7 +66,7 @@ TEST(DistShard, RangesCoverAnyVocabOnlyTheLastShort) {
       }
       EXPECT_EQ(r.back().end, V);
     }
-  // An awkward vocab (GPT-2's 50257) over three ranks.
+  // The awkward vocab 50257 (GPT-2's): 3 and 4 shards of uneven size.
   const auto r3 = dist::shard_ranges(50257, 3);
   EXPECT_EQ(r3[2].begin, 33506);
   EXPECT_EQ(r3[2].size(), 16751);

@@ -12,26 +12,28 @@
 // dequantized weights (exactly the f32 values Table::row_f32 returns; the
 // oracle recomputes them independently). test_util.h: logit_tol().
 //
-// Sweep design (CI runs this on 2 cores, also under ASan/UBSan):
-//  (a) Ops.SmallSweep: a full cartesian product bits {4, 8} × group {32, 64,
-//      128, per-row} × sym/asym × activation dtype {F32, F16, BF16} at
-//      V = 37, H = 128, M = 3 — every op, every backend.
-//  (b) Ops.ShapeSweep: V ∈ {1, 3, 50257, 49216} × H ∈ {64, 576, 1024} ×
-//      M ∈ {1, 3, 17}, one scheme per shape rotating through a scheme list,
-//      scale dtype rotating F16/BF16/F32, activation dtype rotating too.
-//  (c) Ops.DenseSweep: dense F32/F16/BF16 tables through the same checks.
-// The float64 oracle covers every entry of every shape (≈ 0.4 s for the
-// largest, V = 50257, H = 1024, M = 17, in Release). What is sampled is topk
-// on shapes above kTopkFullMacs multiply-adds: its reference is
-// single-threaded and re-dequantizes every row for every activation row
-// (≈ 5 s at the largest shape per k), so there it runs once per shape (k
-// rotating 1, 5, 50) on the first row of x (multi-row reference topk is
-// covered by the smaller shapes); the auto backend's topk runs on every row
-// and every k when a fused CPU path is active (it then costs milliseconds),
-// else on the same prefix. Rows of x are independent in every op, so a
-// prefix's results are those of the full batch. Measured on 2 (busy) cores:
-// this file ≈ 16 s CPU / 25 s wall in Release, ≈ 2 min wall under ASan/UBSan
-// at -O1, ≈ 3 min in the CI's Debug ASan/UBSan build.
+// The tolerance is LogitBound{} (test_util.h): u_add = 2^-24, no extra
+// additions, no weight rounding.
+//
+// The cases (tests/cases.h, the CPU sweep) run as
+// <Small|Shapes|Dense>/CpuOps.Sweep/<backend>_<case> on the reference, the
+// fused CPU kernels (auto) and the BLAS fallback:
+//  - Small: every scheme and activation dtype (bits {4, 8} × group {32, 64, 128, per
+//    row} × sym/asym × {F32, F16, BF16}) at V = 37, H = 128, M = 3, on tables
+//    quantized by quantize_rtn;
+//  - Shapes: awkward shapes V ∈ {1, 3, 50257, 49152 + 64} × H ∈ {64, 576, 1024} ×
+//    M ∈ {1, 3, 17}, schemes and dtypes rotating;
+//  - Dense: dense F32/F16/BF16 tables.
+// Each case checks logits on its backend, topk on the reference and auto
+// backends, embed on the reference and auto backends. The float64 oracle
+// covers every entry of every shape. What is sampled is topk on shapes above
+// kTopkFullMacs multiply-adds: its reference is single-threaded and
+// re-dequantizes every row for every activation row, so there it runs once
+// per case (the case's cpu_topk_k) on the first row of x (multi-row
+// reference topk is covered by the smaller shapes); the auto backend's topk
+// runs on every row and every k when a fused CPU path is active (it then
+// costs milliseconds), else on the same prefix. Rows of x are independent in
+// every op, so a prefix's results are those of the full batch.
 
 #include "qhead/ops.h"
 
@@ -43,6 +45,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -51,6 +54,7 @@
 
 #include "qhead/error.h"
 #include "qhead/quantize.h"
+#include "cases.h"
 #include "test_util.h"
 
 namespace {
@@ -74,6 +78,7 @@ const char* backend_name(Backend b) {
     case Backend::kAuto: return "auto";
     case Backend::kReference: return "reference";
     case Backend::kFallbackBlas: return "fallback-blas";
+    case Backend::kFused: return "fused";
   }
   return "?";
 }
@@ -104,52 +109,12 @@ Acts make_acts(DType t, int64_t m, int64_t h, uint64_t seed) {
   return a;
 }
 
-// Row v of any table as f32, computed independently of Table::row_f32: for a
-// packed table with the tests' own dequantizer (test_util.h), rounded once to
-// f32, for a dense one by widening the stored element.
-void expected_row(const Table& t, int64_t v, float* out) {
-  const int64_t h = t.hidden();
-  if (t.is_packed()) {
-    std::vector<double> d(static_cast<size_t>(h));
-    qt::dequant_row_expected(t.packed(), v, d.data());
-    for (int64_t j = 0; j < h; ++j) out[j] = static_cast<float>(d[static_cast<size_t>(j)]);  // one rounding
-  } else {
-    const Tensor& w = t.dense();
-    for (int64_t j = 0; j < h; ++j) out[j] = qhead::load_as_f32(w.data(), w.dtype(), v * h + j);
-  }
-}
+using qt::expected_row;
+using qt::Oracle;
 
-// ---- the float64 oracle -----------------------------------------------------------------
-
-// Oracle logits of every (m, v) with their error bounds (logit_tol).
-struct Oracle {
-  int64_t m = 0, v = 0, h = 0;
-  std::vector<double> value, tol;  // [m, v]
-
-  double val(int64_t mi, int64_t r) const { return value[static_cast<size_t>(mi * v + r)]; }
-  double tl(int64_t mi, int64_t r) const { return tol[static_cast<size_t>(mi * v + r)]; }
-  double max_tol(int64_t mi) const {
-    return *std::max_element(tol.begin() + mi * v, tol.begin() + (mi + 1) * v);
-  }
-};
-
-Oracle make_oracle(const Table& t, const Acts& a) {
-  Oracle o;
-  o.m = a.m;
-  o.v = t.vocab();
-  o.h = t.hidden();
-  o.value.resize(static_cast<size_t>(o.m * o.v));
-  o.tol.resize(o.value.size());
-  std::vector<float> w(static_cast<size_t>(o.h));
-  for (int64_t r = 0; r < o.v; ++r) {
-    expected_row(t, r, w.data());
-    for (int64_t mi = 0; mi < o.m; ++mi) {
-      const qt::Dot d = qt::dot_f64(a.f.data() + mi * o.h, w.data(), o.h);
-      o.value[static_cast<size_t>(mi * o.v + r)] = d.value;
-      o.tol[static_cast<size_t>(mi * o.v + r)] = qt::logit_tol(d, o.h);
-    }
-  }
-  return o;
+// The oracle of every logit of a CPU case under the CPU paths' bound.
+Oracle cpu_oracle(const Table& t, const Acts& a) {
+  return qt::make_oracle(t, a.f.data(), a.m, qt::all_rows(t.vocab()), qt::LogitBound{});
 }
 
 // log Σ_v exp(l_v) in double, shifted by the max.
@@ -295,7 +260,7 @@ void check_topk(const Table& t, const Acts& a, int64_t k, const Tensor& ref_logi
     if (best_out > worst_in)
       fail(row + "id " + std::to_string(best_out_id) + " was left out but its oracle logit beats a returned one "
                  "by more than the bounds");
-    const double want = lse_f64(o.value.data() + mi * v, v);
+    const double want = lse_f64(o.value.data() + o.at(mi, 0), v);
     const double tol = lse_tol(backend, v, want, o.max_tol(mi));
     if (!(std::fabs(lse.ptr<float>()[mi] - want) <= tol))
       fail(row + "logsumexp " + std::to_string(lse.ptr<float>()[mi]) + ", oracle " + std::to_string(want) + " ± " +
@@ -304,23 +269,23 @@ void check_topk(const Table& t, const Acts& a, int64_t k, const Tensor& ref_logi
   EXPECT_EQ(bad, 0);
 }
 
-// embed with I32 and I64 ids into F32/F16/BF16: every element equals the
-// dequantized value rounded through the output dtype, bit for bit.
-void check_embed(const Table& t, const std::vector<int64_t>& id_list) {
+// embed on `backend` (and, for kAuto, the allocating form) with I32 and I64
+// ids into F32/F16/BF16: every element equals the dequantized value rounded
+// through the output dtype, bit for bit.
+void check_embed(const Table& t, const std::vector<int64_t>& id_list, Backend backend) {
   const int64_t h = t.hidden(), n = static_cast<int64_t>(id_list.size());
   std::vector<float> want(static_cast<size_t>(n * h));
   for (int64_t i = 0; i < n; ++i) expected_row(t, id_list[static_cast<size_t>(i)], want.data() + i * h);
   for (DType idt : {DType::kI32, DType::kI64}) {
     const Tensor ids = make_ids(id_list, idt);
     for (DType od : {DType::kF32, DType::kF16, DType::kBF16}) {
-      // Every backend, and the allocating form (auto).
-      for (int form = 0; form < 3; ++form) {
-        SCOPED_TRACE(std::string("embed ids ") + qhead::dtype_name(idt) + " -> " + qhead::dtype_name(od) +
-                     (form == 0 ? " reference" : form == 1 ? " auto" : " allocating"));
+      for (int form = 0; form < (backend == Backend::kAuto ? 2 : 1); ++form) {
+        SCOPED_TRACE(std::string("embed ids ") + qhead::dtype_name(idt) + " -> " + qhead::dtype_name(od) + " " +
+                     (form == 0 ? backend_name(backend) : "allocating"));
         Tensor out = Tensor::empty(od, {n, h});
         qt::poison(out.view());
-        if (form == 2) out = qhead::embed(t, ids.view(), od);
-        else qhead::embed(t, ids.view(), out.view(), form == 0 ? Backend::kReference : Backend::kAuto);
+        if (form == 1) out = qhead::embed(t, ids.view(), od);
+        else qhead::embed(t, ids.view(), out.view(), backend);
         ASSERT_EQ(out.shape(), (Shape{n, h}));
         ASSERT_EQ(out.dtype(), od);
         int64_t bad = 0;
@@ -357,29 +322,21 @@ Acts first_rows(const Acts& a, int64_t rows) {
   return s;
 }
 
-// Every op on one table and one activation batch: logits on every backend;
-// topk for k ∈ {1, 5, 50} (clipped to V) on the reference and auto backends —
-// above kTopkFullMacs, the reference topk only for k = `big_k` (the caller
-// rotates it) on the first row of x, and the auto topk on the same prefix
-// unless a fused CPU path is active (see the file comment); embed.
-void check_all_ops(const Table& t, const Acts& a, uint64_t seed, int64_t big_k = 5) {
-  const Oracle o = make_oracle(t, a);
-  const Tensor ref = check_logits(t, a, o, Backend::kReference);
-  check_logits(t, a, o, Backend::kFallbackBlas);
-  check_logits(t, a, o, Backend::kAuto);
-  const bool big = static_cast<double>(t.vocab()) * t.hidden() * a.m > kTopkFullMacs;
-  const bool fused = qhead::active_cpu_isa() != qhead::CpuIsa::kReference;
-  auto clip = [&](std::vector<int64_t> ks) {
-    for (auto& k : ks) k = std::min(k, t.vocab());
-    ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
-    return ks;
-  };
-  const Acts prefix = (big && a.m > 1) ? first_rows(a, 1) : a;
-  for (int64_t k : clip(big ? std::vector<int64_t>{big_k} : std::vector<int64_t>{1, 5, 50}))
-    check_topk(t, prefix, k, ref, o, Backend::kReference);
-  for (int64_t k : clip(big && !fused ? std::vector<int64_t>{big_k} : std::vector<int64_t>{1, 5, 50}))
-    check_topk(t, big && !fused ? prefix : a, k, ref, o, Backend::kAuto);
-  check_embed(t, embed_ids(t.vocab(), seed));
+// The table of a case: random codes, a random dense table quantized by
+// quantize_rtn, or a random dense table.
+Table make_table(const qt::LogitsCase& c, uint64_t seed) {
+  switch (c.weights) {
+    case qt::Weights::kDense: return Table::dense(qt::random_tensor(c.scale, c.V, c.H, seed));
+    case qt::Weights::kRtn: {
+      const Tensor dense = qt::random_tensor(DType::kF32, c.V, c.H, seed);
+      return Table::packed(qhead::quantize_rtn(dense.view(), qt::make_scheme(c.bits, c.group, c.symmetric, c.scale), 1,
+                                               "case"),
+                           "case");
+    }
+    case qt::Weights::kRandomCodes: break;
+  }
+  return Table::packed(qt::random_packed(c.V, c.H, qt::make_scheme(c.bits, c.group, c.symmetric, c.scale), seed),
+                       "case");
 }
 
 std::string scheme_label(const Table& t) {
@@ -390,84 +347,117 @@ std::string scheme_label(const Table& t) {
 
 const DType kDtypes[3] = {DType::kF32, DType::kF16, DType::kBF16};
 
-// ---- (a) small cartesian sweep -------------------------------------------------------------
+// ---- the case sweep: CPU backend × case (tests/cases.h) --------------------------------------
 
-TEST(Ops, SmallSweep) {
-  const int64_t v = 37, h = 128, m = 3;
-  uint64_t seed = 100;
-  int n = 0;
-  for (int bits : {4, 8})
-    for (int group : {32, 64, 128, -1})
-      for (bool sym : {true, false})
-        for (DType xt : kDtypes) {
-          const QuantScheme s{bits, group, sym, kDtypes[n % 3]};  // scale dtype rotates
-          ++n;
-          const Tensor dense = qt::random_tensor(DType::kF32, v, h, ++seed);
-          const Table t = Table::packed(qhead::quantize_rtn(dense.view(), s, 1, "small"), "small");
-          const Acts a = make_acts(xt, m, h, ++seed);
-          SCOPED_TRACE(scheme_label(t) + ", x " + qhead::dtype_name(xt));
-          // row_f32 is the dequantization the contract states, bit for bit.
-          std::vector<float> got(static_cast<size_t>(h)), want(static_cast<size_t>(h));
-          for (int64_t r = 0; r < v; ++r) {
-            t.row_f32(r, got.data());
-            expected_row(t, r, want.data());
-            ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "row_f32 row " << r;
-          }
-          check_all_ops(t, a, seed);
-        }
-  EXPECT_EQ(n, 48);
+struct CpuParam {
+  Backend backend;  // kReference, kAuto (the fused CPU kernels where this CPU has them), kFallbackBlas
+  qt::LogitsCase c;
+};
+
+// The CPU sweep's cases made of `weights`, each on the three backends in turn.
+std::vector<CpuParam> cpu_params(qt::Weights weights) {
+  std::vector<CpuParam> out;
+  for (const qt::LogitsCase& c : qt::logits_cases(qt::kCpuSweep))
+    if (c.weights == weights)
+      for (Backend b : {Backend::kReference, Backend::kAuto, Backend::kFallbackBlas}) out.push_back({b, c});
+  return out;
 }
 
-// ---- (b) shape sweep -----------------------------------------------------------------------------
-
-TEST(Ops, ShapeSweep) {
-  const char* schemes[] = {"w4g32", "w8g64a", "w4g128a", "w8", "w4g64", "w8g128", "w4a", "w8g32a", "w4g256"};
-  const int ns = static_cast<int>(std::size(schemes));
-  int i = 0, rot = 0;
-  uint64_t seed = 5000;
-  for (int64_t v : {1, 3, 50257, 49216})
-    for (int64_t h : {64, 576, 1024})
-      for (int64_t m : {1, 3, 17}) {
-        const auto t0 = std::chrono::steady_clock::now();
-        const DType st = kDtypes[i % 3], xt = kDtypes[(i / 2 + 1) % 3];
-        ++i;
-        // Next scheme in the rotation; one whose group does not divide H must be
-        // refused by the quantizer, and the rotation moves on.
-        QuantScheme s;
-        for (;;) {
-          s = QuantScheme::parse(schemes[rot++ % ns], st);
-          if (s.per_row() || h % s.group_size == 0) break;
-          const Tensor tiny = qt::random_tensor(DType::kF32, 2, h, seed);
-          qt::expect_error([&] { qhead::quantize_rtn(tiny.view(), s, 1); }, ErrorCode::kInvalidArgument);
-        }
-        const Table t = Table::packed(qt::random_packed(v, h, s, ++seed), "sweep");
-        const Acts a = make_acts(xt, m, h, ++seed);
-        SCOPED_TRACE("V=" + std::to_string(v) + " H=" + std::to_string(h) + " M=" + std::to_string(m) + " " +
-                     scheme_label(t) + ", x " + qhead::dtype_name(xt));
-        const int64_t ks[3] = {1, 5, 50};
-        check_all_ops(t, a, seed, ks[i % 3]);
-        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (secs > 2.0) std::printf("  [shape V=%ld H=%ld M=%ld: %.2f s]\n", static_cast<long>(v),
-                                    static_cast<long>(h), static_cast<long>(m), secs);
-      }
+// A case's table, activations and oracle. The last one made is kept for the
+// next test of the same case (its other backends follow it in the sweep):
+// the float64 oracle is the slow part, and it depends on the case alone.
+struct Prepared {
+  std::string name;
+  Table t;
+  Acts a;
+  Oracle o;
+};
+const Prepared& prepare(const qt::LogitsCase& c, uint64_t seed) {
+  static std::unique_ptr<Prepared> last;
+  const std::string name = qt::case_name(c);
+  if (!last || last->name != name) {
+    last.reset();
+    auto p = std::make_unique<Prepared>();
+    p->name = name;
+    p->t = make_table(c, seed);
+    p->a = make_acts(c.act, c.M, c.H, seed + 1);
+    p->o = cpu_oracle(p->t, p->a);
+    last = std::move(p);
+  }
+  return *last;
 }
 
-// ---- (c) dense tables ---------------------------------------------------------------------------------
+std::string cpu_param_name(const testing::TestParamInfo<CpuParam>& info) {
+  const char* b = info.param.backend == Backend::kReference ? "reference"
+                  : info.param.backend == Backend::kAuto    ? "auto"
+                                                            : "blas";
+  return std::string(b) + "_" + qt::case_name(info.param.c);
+}
 
-TEST(Ops, DenseSweep) {
-  uint64_t seed = 9000;
-  int i = 0;
-  for (DType wt : kDtypes)
-    for (int64_t v : {1, 3, 257, 1000})
-      for (int64_t h : {64, 576})
-        for (int64_t m : {1, 3, 17}) {
-          const DType xt = kDtypes[i++ % 3];
-          const Table t = Table::dense(qt::random_tensor(wt, v, h, ++seed));
-          const Acts a = make_acts(xt, m, h, ++seed);
-          SCOPED_TRACE("V=" + std::to_string(v) + " H=" + std::to_string(h) + " M=" + std::to_string(m) + " " +
-                       scheme_label(t) + ", x " + qhead::dtype_name(xt));
-          check_all_ops(t, a, seed);
-        }
+// --gtest_list_tests prints the parameter: its name, not its bytes.
+void PrintTo(const CpuParam& p, std::ostream* os) { *os << backend_name(p.backend) << " " << qt::case_name(p.c); }
+
+class CpuOps : public testing::TestWithParam<CpuParam> {};
+
+// One case on one backend: logits against the oracle; topk for k ∈ {1, 5,
+// 50} (clipped to V) on the reference and auto backends — above
+// kTopkFullMacs, the reference topk only for the case's cpu_topk_k on the
+// first row of x, and the auto topk on the same prefix unless a fused CPU
+// path is active (see the file comment); embed. A table quantized by
+// quantize_rtn also has its row_f32 checked: the dequantization the contract
+// states, bit for bit.
+TEST_P(CpuOps, Sweep) {
+  const Backend backend = GetParam().backend;
+  const qt::LogitsCase& c = GetParam().c;
+  const uint64_t seed = qt::case_seed(c);
+  const Prepared& p = prepare(c, seed);
+  const Table& t = p.t;
+  const Acts& a = p.a;
+  const Oracle& o = p.o;
+  SCOPED_TRACE(scheme_label(t) + ", x " + qhead::dtype_name(c.act));
+  if (c.weights == qt::Weights::kRtn && backend == Backend::kReference) {
+    std::vector<float> got(static_cast<size_t>(c.H)), want(static_cast<size_t>(c.H));
+    for (int64_t r = 0; r < c.V; ++r) {
+      t.row_f32(r, got.data());
+      expected_row(t, r, want.data());
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "row_f32 row " << r;
+    }
+  }
+  const Tensor l = check_logits(t, a, o, backend);
+  if (backend != Backend::kFallbackBlas) {  // topk has no BLAS path: kFallbackBlas is the reference's
+    const bool big = static_cast<double>(c.V) * c.H * c.M > kTopkFullMacs;
+    const bool fused = qhead::active_cpu_isa() != qhead::CpuIsa::kReference;
+    const bool sampled = big && (backend == Backend::kReference || !fused);
+    std::vector<int64_t> ks = sampled ? std::vector<int64_t>{c.cpu_topk_k} : std::vector<int64_t>{1, 5, 50};
+    for (auto& k : ks) k = std::min(k, c.V);
+    ks.erase(std::unique(ks.begin(), ks.end()), ks.end());
+    const Acts prefix = (sampled && a.m > 1) ? first_rows(a, 1) : a;
+    for (int64_t k : ks) check_topk(t, prefix, k, l, o, backend);
+  }
+  check_embed(t, embed_ids(c.V, seed + 2), backend);
+}
+
+// One instantiation per kind of table: Small/ (every scheme and dtype at one
+// small shape, quantize_rtn tables), Shapes/ (awkward shapes, random codes),
+// Dense/ (dense tables). tests/CMakeLists.txt runs each as one ctest test.
+INSTANTIATE_TEST_SUITE_P(Small, CpuOps, testing::ValuesIn(cpu_params(qt::Weights::kRtn)), cpu_param_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, CpuOps, testing::ValuesIn(cpu_params(qt::Weights::kRandomCodes)), cpu_param_name);
+INSTANTIATE_TEST_SUITE_P(Dense, CpuOps, testing::ValuesIn(cpu_params(qt::Weights::kDense)), cpu_param_name);
+
+// A scheme whose group does not divide H is refused by the quantizer (the
+// shape sweep passes over such schemes for that H).
+TEST(Ops, QuantizerRefusesGroupsNotDividingH) {
+  int refused = 0;
+  for (const auto& s : qt::cases_detail::kShapeSchemes)
+    for (int64_t h : {64, 576, 1024}) {
+      if (s.group < 0 || h % s.group == 0) continue;
+      SCOPED_TRACE(qt::scheme_tag(s.bits, s.group, s.sym) + " H=" + std::to_string(h));
+      const Tensor tiny = qt::random_tensor(DType::kF32, 2, h, 5000 + static_cast<uint64_t>(h));
+      qt::expect_error([&] { qhead::quantize_rtn(tiny.view(), qt::make_scheme(s.bits, s.group, s.sym), 1); },
+                       ErrorCode::kInvalidArgument);
+      ++refused;
+    }
+  EXPECT_EQ(refused, 6);  // w4g128a, w8g128 and w4g256 at H = 64 and at H = 576
 }
 
 // ---- topk specifics ----------------------------------------------------------------------------------------
@@ -582,7 +572,7 @@ TEST(Ops, RescoreMatchesDenseOracle) {
         if (idt == DType::kI64) cand.ptr<int64_t>()[i] = cand32.ids.ptr<int32_t>()[i];
         else cand.ptr<int32_t>()[i] = cand32.ids.ptr<int32_t>()[i];
       }
-      const Oracle o = make_oracle(dense, a);
+      const Oracle o = cpu_oracle(dense, a);
       // Every CPU path rescore can take (the reference, and the fused dot of
       // each ISA this CPU has).
       for (qhead::CpuIsa isa : qhead::available_cpu_isas()) {
@@ -823,13 +813,9 @@ TEST(Ops, EmptyBatches) {
   EXPECT_EQ(e.shape(), (Shape{0, 64}));
 }
 
-// The BLAS fallback with M = 0 activations.
-// LIBRARY BUG (fails under UBSan, "null pointer passed as argument 1"):
-// src/ops/ops_blas.cc:14-15 sizes std::vector<float> xf(m * h) = empty, so
-// xf.data() is nullptr, and calls convert(x.data, F32, nullptr, F32, 0) BEFORE
-// its `if (m == 0 || v == 0) return;`; convert (src/core/dtype.cc:72) then
-// calls std::memcpy(nullptr, src, 0), which is undefined behaviour. Only the
-// F32 → F32 path (memcpy) is affected. In Release it happens to do nothing.
+// The BLAS fallback with M = 0 activations: it returns before converting
+// into its empty buffers (a memcpy from or to a null pointer, even of 0
+// bytes, is undefined behaviour, which UBSan reports).
 TEST(Ops, EmptyBatchFallbackBlas) {
   const Table t = Table::packed(qt::random_packed(13, 64, QuantScheme::parse("w8g32a"), 5), "t");
   for (DType xt : kDtypes) {

@@ -11,7 +11,9 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -180,13 +182,133 @@ inline Dot dot_f64(const float* a, const float* b, int64_t n) {
   return {(s0 + s1) + (s2 + s3), (t0 + t1) + (t2 + t3)};
 }
 
-// Bound on |computed f32 dot - oracle| for a length-h dot product:
-//   f32 accumulation (any order):   γ_h(2^-24) · Σ|x_j w_j|
-//   the oracle's own double error:  γ_h(2^-53) · Σ|x_j w_j|  (≈ 1e-13 relative; listed for honesty)
-// The products x_j·w_j are of f32 inputs, so the oracle sees the same operands
-// as the code under test; nothing else enters.
-inline double logit_tol(const Dot& d, int64_t h) {
-  return (gamma_n(h, kU32) + gamma_n(h + 4, kU64)) * d.abs_sum;
+// The error model of a computed logit, a length-H dot product x·w of f32
+// operands (f16/bf16 activations widen exactly; w the dequantized row):
+//   |computed - oracle| <= (γ_{H + extra_adds}(u_add) + u_weights + γ_{H + 4}(2^-53)) · Σ_j |x_j w_j| + floor
+//   - γ_{H + extra_adds}(u_add): the accumulation, any order (Higham §3.1), with
+//     unit roundoff u_add per addition and extra_adds additions beyond the H
+//     products' (the CUDA kernels add `groups` scaled partial sums and one more);
+//   - u_weights: each weight rounded once before the products (the cuBLAS
+//     fallback dequantizes into the activation dtype);
+//   - γ_{H + 4}(2^-53): the oracle's own double error (≈ 1e-13 relative; listed
+//     for honesty);
+//   - floor: an absolute floor, for bounds that may be 0.
+// Each test file derives its own parameters in its header comment.
+struct LogitBound {
+  double u_add = kU32;
+  int64_t extra_adds = 0;
+  double u_weights = 0.0;
+  double floor = 0.0;
+
+  double tol(const Dot& d, int64_t h) const {
+    return (gamma_n(h + extra_adds, u_add) + u_weights + gamma_n(h + 4, kU64)) * d.abs_sum + floor;
+  }
+};
+
+// Bound on |computed f32 dot - oracle| for a length-h dot product accumulated
+// in f32 with round-to-nearest (the CPU paths): γ_h(2^-24) · Σ|x_j w_j| plus
+// the oracle's own error. The products x_j·w_j are of f32 inputs, so the
+// oracle sees the same operands as the code under test; nothing else enters.
+inline double logit_tol(const Dot& d, int64_t h) { return LogitBound{}.tol(d, h); }
+
+// Row v of any host table as f32, computed independently of Table::row_f32:
+// for a packed table with the dequantizer above, rounded once to f32 (exact:
+// (q - z)·s has at most 24 significant bits); for a dense one by widening the
+// stored element.
+inline void expected_row(const Table& t, int64_t v, float* out) {
+  const int64_t h = t.hidden();
+  if (t.is_packed()) {
+    std::vector<double> d(static_cast<size_t>(h));
+    dequant_row_expected(t.packed(), v, d.data());
+    for (int64_t j = 0; j < h; ++j) out[j] = static_cast<float>(d[static_cast<size_t>(j)]);  // one rounding
+  } else {
+    const Tensor& w = t.dense();
+    for (int64_t j = 0; j < h; ++j) out[j] = load_as_f32(w.data(), w.dtype(), v * h + j);
+  }
+}
+
+// The float64 oracle: the logits of rows `rows` of a host table for every
+// activation row, with the bound of each under a LogitBound.
+struct Oracle {
+  int64_t m = 0;               // activation rows
+  std::vector<int64_t> rows;   // the table rows, in order
+  std::vector<double> value;   // [m, rows.size()]
+  std::vector<double> tol;     // [m, rows.size()]
+
+  // Index of (activation row mi, position ri in `rows`).
+  size_t at(int64_t mi, int64_t ri) const {
+    return static_cast<size_t>(mi) * rows.size() + static_cast<size_t>(ri);
+  }
+  double val(int64_t mi, int64_t ri) const { return value[at(mi, ri)]; }
+  double tl(int64_t mi, int64_t ri) const { return tol[at(mi, ri)]; }
+  double max_tol(int64_t mi) const {
+    return *std::max_element(tol.begin() + static_cast<std::ptrdiff_t>(at(mi, 0)),
+                             tol.begin() + static_cast<std::ptrdiff_t>(at(mi + 1, 0)));
+  }
+};
+
+// Every row 0 .. V-1 of the table.
+inline std::vector<int64_t> all_rows(int64_t v) {
+  std::vector<int64_t> r(static_cast<size_t>(v));
+  for (int64_t i = 0; i < v; ++i) r[static_cast<size_t>(i)] = i;
+  return r;
+}
+
+// Dots of R activation rows a[0..R) with one weight row w, all in double,
+// each row in two independent partial sums per lane pair (they vectorize, and
+// w is loaded once for all R rows; the bound's γ_{H + 4}(2^-53) covers any
+// summation order).
+template <int R>
+inline void dots_f64(const double* const* a, const double* w, int64_t n, Dot* d) {
+  double s[R][2] = {}, t[R][2] = {};
+  const int64_t n2 = n - n % 2;
+  for (int64_t j = 0; j < n2; j += 2)
+    for (int r = 0; r < R; ++r)
+      for (int l = 0; l < 2; ++l) {
+        const double p = a[r][j + l] * w[j + l];
+        s[r][l] += p;
+        t[r][l] += std::fabs(p);
+      }
+  for (int r = 0; r < R; ++r) {
+    if (n2 < n) {
+      const double p = a[r][n2] * w[n2];
+      s[r][0] += p;
+      t[r][0] += std::fabs(p);
+    }
+    d[r] = {s[r][0] + s[r][1], t[r][0] + t[r][1]};
+  }
+}
+
+// x: [m, H] activations as f32 (what every op sees after the exact widening).
+inline Oracle make_oracle(const Table& t, const float* x, int64_t m, std::vector<int64_t> rows,
+                          const LogitBound& bound) {
+  Oracle o;
+  o.m = m;
+  o.rows = std::move(rows);
+  const int64_t h = t.hidden(), n = static_cast<int64_t>(o.rows.size());
+  o.value.resize(static_cast<size_t>(m) * o.rows.size());
+  o.tol.resize(o.value.size());
+  const std::vector<double> xd(x, x + m * h);  // exact
+  auto part = [&](int64_t begin, int64_t end) {
+    std::vector<float> w(static_cast<size_t>(h));
+    std::vector<double> wd(static_cast<size_t>(h));
+    for (int64_t ri = begin; ri < end; ++ri) {
+      expected_row(t, o.rows[static_cast<size_t>(ri)], w.data());
+      std::copy(w.begin(), w.end(), wd.begin());  // exact
+      for (int64_t mi = 0; mi < m; mi += 4) {
+        const double* a[4];
+        for (int r = 0; r < 4; ++r) a[r] = xd.data() + std::min<int64_t>(mi + r, m - 1) * h;  // the last rows repeat
+        Dot d[4];
+        dots_f64<4>(a, wd.data(), h, d);
+        for (int64_t r = 0; r < 4 && mi + r < m; ++r) {
+          o.value[o.at(mi + r, ri)] = d[r].value;
+          o.tol[o.at(mi + r, ri)] = bound.tol(d[r], h);
+        }
+      }
+    }
+  };
+  part(0, n);
+  return o;
 }
 
 // An ids tensor (I32 or I64) on the host from a list.

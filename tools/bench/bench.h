@@ -24,9 +24,12 @@ struct BenchCase {
   std::string scheme;  // a `qhead quantize` scheme name: "w4g64", "w8g128", "w4g128a"
 };
 
+// The default activation rows per call: 1, 8, 32, 256 (tests/cases.h, bench_m).
+std::vector<int64_t> default_m();
+
 struct BenchConfig {
   std::vector<BenchCase> cases;            // (shape, scheme) pairs, in output order
-  std::vector<int64_t> m = {1, 8, 32, 256};  // activation rows per call
+  std::vector<int64_t> m = default_m();    // activation rows per call
   int threads = 0;                         // 0: all cores (CPU) / ignored (CUDA)
   std::string device = "cpu";              // "cpu" | "cuda"
   int64_t k = 50;                          // top-k

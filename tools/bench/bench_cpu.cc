@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "cases.h"  // tests/: the shapes the tests and the bench share
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/kernels.h"
 #include "qhead/dtype.h"
@@ -71,11 +72,15 @@
 
 namespace qhead::bench {
 
-// Five real-model shapes: Qwen3-0.6B (w4g64, w8g128), Pythia-70M, Llama-3-8B, Gemma-3-270M.
+// Five real-model shapes: Qwen3-0.6B (w4g64, w8g128), Pythia-70M, Llama-3-8B,
+// Gemma-3-270M — the list the tests share (tests/cases.h, bench_shapes).
 std::vector<BenchCase> default_cases() {
-  return {{151936, 1024, "w4g64"}, {151936, 1024, "w8g128"}, {50304, 512, "w4g64"},
-          {128256, 4096, "w4g128"}, {262144, 640, "w4g64"}};
+  std::vector<BenchCase> out;
+  for (const test::BenchShape& s : test::bench_shapes()) out.push_back({s.V, s.H, s.scheme});
+  return out;
 }
+
+std::vector<int64_t> default_m() { return test::bench_m(); }
 
 namespace {
 

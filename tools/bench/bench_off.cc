@@ -12,6 +12,7 @@ namespace {
 
 namespace bench {
 std::vector<BenchCase> default_cases() { no_bench(); }
+std::vector<int64_t> default_m() { return {}; }
 DeviceFacts describe_cpu(int) { no_bench(); }
 DeviceFacts describe_cuda() { no_bench(); }
 std::vector<BenchRow> run_cpu_bench(const BenchConfig&) { no_bench(); }
