@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 import qhead
-from qhead.torch import QuantEmbedding, QuantLMHead, QuantTable
+from qhead.torch import QuantEmbedding, QuantLMHead, QuantTable, unique_storage_bytes
 
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 from transformers.quantizers.auto import (
@@ -342,7 +342,6 @@ def quantize_model(model: PreTrainedModel, head: Optional[str] = "w4g64", embedd
 def token_table_bytes(model: nn.Module) -> int:
     """Bytes of the distinct storages behind the model's input and output embeddings (a tied
     table counted once; a QuantLMHead's rescoring rows included)."""
-    seen, total = set(), 0
     tensors: List[torch.Tensor] = []
     for m in (model.get_input_embeddings(), model.get_output_embeddings()):
         if m is None:
@@ -352,14 +351,7 @@ def token_table_bytes(model: nn.Module) -> int:
         dense = getattr(m, "_dense_cpu", None)
         if isinstance(dense, torch.Tensor):
             tensors.append(dense)
-    for t in tensors:
-        st = t.untyped_storage()
-        key = (t.device, st.data_ptr())
-        if key in seen:
-            continue
-        seen.add(key)
-        total += st.nbytes()
-    return total
+    return unique_storage_bytes(tensors)
 
 
 # ---- reading packed roles from checkpoint files ---------------------------------------------

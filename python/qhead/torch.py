@@ -396,6 +396,22 @@ def _safetensors_header(path: str) -> Tuple[dict, int]:
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
+def unique_storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (None and meta tensors skipped): tied or
+    aliased tensors count once."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None or t.device.type == "meta":
+            continue
+        st = t.untyped_storage()
+        key = (t.device, st.data_ptr())
+        if key in seen:
+            continue
+        seen.add(key)
+        total += st.nbytes()
+    return total
+
+
 def mmap_safetensors_tensor(path: str, name: Optional[str] = None, shape: Optional[Sequence[int]] = None) -> Tensor:
     """A float tensor of a safetensors file as a CPU view of the file mapped in memory: no copy,
     pages are read when touched; the mapping is private (copy-on-write), so the file is never

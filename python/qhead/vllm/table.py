@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 import qhead
-from qhead.torch import QuantEmbedding, QuantLMHead, QuantTable, _torch_dtype
+from qhead.torch import QuantEmbedding, QuantLMHead, QuantTable, _torch_dtype, unique_storage_bytes
 
 from .config import PluginConfig, RoleSpec
 
@@ -165,17 +165,8 @@ def tie_tables(head: nn.Module, embedding: nn.Module) -> None:
 def unique_tensor_bytes(module: nn.Module) -> int:
     """Bytes of the module's parameters and buffers, each storage counted once (tied or aliased
     tensors are one copy)."""
-    seen, total = set(), 0
-    for _, t in list(module.named_parameters(remove_duplicate=False)) + list(module.named_buffers(remove_duplicate=False)):
-        if t is None or t.device.type == "meta":
-            continue
-        st = t.untyped_storage()
-        key = (t.device, st.data_ptr())
-        if key in seen:
-            continue
-        seen.add(key)
-        total += st.nbytes()
-    return total
+    return unique_storage_bytes([t for _, t in module.named_parameters(remove_duplicate=False)] +
+                                [t for _, t in module.named_buffers(remove_duplicate=False)])
 
 
 class TableState:
