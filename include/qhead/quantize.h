@@ -63,7 +63,9 @@ Table quantize_table(const Table& dense, const QuantScheme& scheme, int threads 
 //            blocks of `block` columns with lazy batch updates, damping
 //            `damp`·mean(diag H); each group's scale and zero point computed as
 //            RTN does from the error-compensated weights when the group starts.
-//            With a diagonal H it equals RTN exactly (for an F32 table).
+//            Symmetric schemes then refit each row's group scales on the same
+//            objective (QuantizeOptions::refit_scales). Without the refit and
+//            with a diagonal H it equals RTN exactly (for an F32 table).
 //   kGptqMse GPTQ with each group's scale from the kMse search (weighted by
 //            diag H) instead of RTN's min/max.
 enum class Quantizer { kRtn, kMse, kGptq, kGptqMse };
@@ -87,6 +89,10 @@ struct QuantizeOptions {
   std::optional<TensorView> calibration;
   double damp = 0.01;  // GPTQ: diagonal damping, a fraction of mean(diag H)
   int block = 128;     // GPTQ: columns per block of lazy updates
+  // GPTQ, symmetric schemes: after the codes are chosen, refit each row's
+  // group scales by least squares on GPTQ's objective (w - ŵ)ᵀH(w - ŵ) (the
+  // codes kept; a row keeps its scales unless the refit lowers it).
+  bool refit_scales = true;
 };
 
 // Quantizes a dense [V, H] table with the chosen quantizer. kRtn gives exactly

@@ -469,6 +469,101 @@ std::vector<float> inverse_cholesky_upper(std::vector<double> hm, int64_t h, dou
   return u;
 }
 
+// Given the codes, the symmetric scales s (one per group) minimising
+// (w - ŵ)ᵀ H (w - ŵ), ŵ = Σ_g s_g d_g (d_g: the row's codes in group g, zero
+// elsewhere): the normal equations A s = b, A[g1][g2] = d_g1ᵀ H d_g2,
+// b[g] = d_gᵀ H w, solved per row (G × G, Cholesky in double). H d_g comes
+// from one SGEMM per group over a block of rows. A row keeps its scales
+// unless the refit (rounded to the scale dtype) lowers its objective.
+void refit_scales(const float* w, const int8_t* codes, GroupParams* params, int64_t rn, int64_t h, int64_t g,
+                  int64_t gl, const std::vector<float>& hm, DType st, int threads) {
+  const int64_t sub = std::max<int64_t>(1, std::min<int64_t>(rn, (int64_t{1} << 23) / std::max<int64_t>(h * g, 1)));
+  std::vector<float> qf(static_cast<size_t>(sub * h));
+  std::vector<float> y(static_cast<size_t>(g * sub * h));  // y[k][r][:] = (H d_k) of row r
+  for (int64_t s0 = 0; s0 < rn; s0 += sub) {
+    const int64_t sn = std::min(sub, rn - s0);
+    for (int64_t i = 0; i < sn * h; ++i) qf[static_cast<size_t>(i)] = static_cast<float>(codes[s0 * h + i]);
+    for (int64_t k = 0; k < g; ++k)  // Y_k = Q[:, group k] · H[group k, :]
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(sn), static_cast<int>(h),
+                  static_cast<int>(gl), 1.0f, qf.data() + k * gl, static_cast<int>(h), hm.data() + k * gl * h,
+                  static_cast<int>(h), 0.0f, y.data() + k * sub * h, static_cast<int>(h));
+    parallel_for(sn, 16, [&](int64_t rb, int64_t re) {
+      std::vector<double> a(static_cast<size_t>(g * g)), b(static_cast<size_t>(g)), l(static_cast<size_t>(g * g)),
+          sv(static_cast<size_t>(g)), s_old(static_cast<size_t>(g));
+      for (int64_t r = rb; r < re; ++r) {
+        const float* q = qf.data() + r * h;
+        const float* wr = w + (s0 + r) * h;
+        GroupParams* pr = params + (s0 + r) * g;
+        for (int64_t k2 = 0; k2 < g; ++k2) {
+          const float* yk = y.data() + k2 * sub * h + r * h;
+          double bb = 0;
+          for (int64_t i = 0; i < h; ++i) bb += static_cast<double>(yk[i]) * wr[i];
+          b[static_cast<size_t>(k2)] = bb;
+          for (int64_t k1 = 0; k1 < g; ++k1) {
+            double acc = 0;
+            for (int64_t i = k1 * gl; i < (k1 + 1) * gl; ++i) acc += static_cast<double>(q[i]) * yk[i];
+            a[static_cast<size_t>(k1 * g + k2)] = acc;
+          }
+        }
+        // Groups whose codes are all zero: their scale is free; keep it.
+        for (int64_t k = 0; k < g; ++k) {
+          s_old[static_cast<size_t>(k)] = pr[k].scale;
+          if (a[static_cast<size_t>(k * g + k)] <= 0.0) {
+            for (int64_t j = 0; j < g; ++j) a[static_cast<size_t>(k * g + j)] = a[static_cast<size_t>(j * g + k)] = 0.0;
+            a[static_cast<size_t>(k * g + k)] = 1.0;
+            b[static_cast<size_t>(k)] = pr[k].scale;
+          }
+        }
+        // Cholesky A = L Lᵀ, then L Lᵀ s = b.
+        bool ok = true;
+        for (int64_t i = 0; i < g && ok; ++i)
+          for (int64_t j = 0; j <= i; ++j) {
+            double v = a[static_cast<size_t>(i * g + j)];
+            for (int64_t k = 0; k < j; ++k) v -= l[static_cast<size_t>(i * g + k)] * l[static_cast<size_t>(j * g + k)];
+            if (i == j) {
+              if (!(v > 0.0)) {
+                ok = false;
+                break;
+              }
+              l[static_cast<size_t>(i * g + i)] = std::sqrt(v);
+            } else {
+              l[static_cast<size_t>(i * g + j)] = v / l[static_cast<size_t>(j * g + j)];
+            }
+          }
+        if (!ok) continue;
+        for (int64_t i = 0; i < g; ++i) {
+          double v = b[static_cast<size_t>(i)];
+          for (int64_t k = 0; k < i; ++k) v -= l[static_cast<size_t>(i * g + k)] * sv[static_cast<size_t>(k)];
+          sv[static_cast<size_t>(i)] = v / l[static_cast<size_t>(i * g + i)];
+        }
+        for (int64_t i = g - 1; i >= 0; --i) {
+          double v = sv[static_cast<size_t>(i)];
+          for (int64_t k = i + 1; k < g; ++k) v -= l[static_cast<size_t>(k * g + i)] * sv[static_cast<size_t>(k)];
+          sv[static_cast<size_t>(i)] = v / l[static_cast<size_t>(i * g + i)];
+        }
+        // Objective sᵀAs - 2bᵀs (the constant wᵀHw dropped), old against new.
+        auto objective = [&](const std::vector<double>& sc) {
+          double f = 0;
+          for (int64_t i = 0; i < g; ++i) {
+            double as = 0;
+            for (int64_t j = 0; j < g; ++j) as += a[static_cast<size_t>(i * g + j)] * sc[static_cast<size_t>(j)];
+            f += sc[static_cast<size_t>(i)] * (as - 2.0 * b[static_cast<size_t>(i)]);
+          }
+          return f;
+        };
+        bool finite = true;
+        for (int64_t k = 0; k < g; ++k) {
+          const float sr = round_through(static_cast<float>(sv[static_cast<size_t>(k)]), st);
+          if (!std::isfinite(sr) || sr == 0.0f) finite = false;
+          sv[static_cast<size_t>(k)] = sr;
+        }
+        if (finite && objective(sv) < objective(s_old))
+          for (int64_t k = 0; k < g; ++k) pr[k].scale = static_cast<float>(sv[static_cast<size_t>(k)]);
+      }
+    }, threads);
+  }
+}
+
 PackedTable quantize_gptq(const TensorView& dense, const QuantScheme& scheme, const QuantizeOptions& o) {
   const bool mse = o.quantizer == Quantizer::kGptqMse;
   const char* op = mse ? "quantize_gptq_mse" : "quantize_gptq";
@@ -484,6 +579,16 @@ PackedTable quantize_gptq(const TensorView& dense, const QuantScheme& scheme, co
   Calib c = calibration_stats(*o.calibration, h, true, op, o.name, o.threads);
   std::vector<float> wdiag;  // the MSE search's weights: diag of the damped Hessian
   if (mse) wdiag = column_weights(c.diag, o.damp);
+  // The damped Hessian (float) for the scale refit: GPTQ's objective.
+  std::vector<float> hf;
+  if (o.refit_scales && scheme.symmetric) {
+    double mean = 0;
+    for (int64_t i = 0; i < h; ++i) mean += c.gram[static_cast<size_t>(i * h + i)];
+    mean /= static_cast<double>(h);
+    hf.resize(static_cast<size_t>(h * h));
+    for (int64_t i = 0; i < h * h; ++i) hf[static_cast<size_t>(i)] = static_cast<float>(c.gram[static_cast<size_t>(i)]);
+    for (int64_t i = 0; i < h; ++i) hf[static_cast<size_t>(i * h + i)] += static_cast<float>(o.damp * mean);
+  }
   const std::vector<float> u = inverse_cholesky_upper(std::move(c.gram), h, o.damp, op, o.name);
 
   const DType xt = dense.dtype, st = scheme.scale_dtype;
@@ -542,6 +647,11 @@ PackedTable quantize_gptq(const TensorView& dense, const QuantScheme& scheme, co
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rn), static_cast<int>(h - b2),
                     static_cast<int>(bn), -1.0f, err.data(), static_cast<int>(bsz), u.data() + b1 * h + b2,
                     static_cast<int>(h), 1.0f, wk.data() + b2, static_cast<int>(h));
+    }
+    if (!hf.empty()) {
+      // The original rows (wk holds the error-compensated ones).
+      convert(static_cast<const char*>(dense.data) + r0 * h * dtype_size(xt), xt, wk.data(), DType::kF32, rn * h);
+      refit_scales(wk.data(), codes.data(), params.data(), rn, h, g, gl, hf, st, o.threads);
     }
     for (int64_t r = 0; r < rn; ++r) {
       for (int64_t k = 0; k < g; ++k) {
