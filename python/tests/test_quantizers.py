@@ -41,8 +41,9 @@ def test_every_quantizer_gives_a_table_of_its_scheme(q, scheme):
     assert t.scheme.name == scheme and t.shape == (96, 128)
     d = torch.from_numpy(t.dequantize())
     assert torch.isfinite(d).all()
-    # The weight error of a 4+ bit table is a small fraction of the weights' spread.
-    assert float((d - w).pow(2).mean() / w.pow(2).mean()) < 0.05
+    # The weight error of a 4+ bit table is a small fraction of the weights' spread (GPTQ trades
+    # weight error for output error: about twice RTN's here).
+    assert float((d - w).pow(2).mean() / w.pow(2).mean()) < (0.15 if q.startswith("gptq") else 0.05)
 
 
 def test_calibrated_quantizers_lower_the_output_error():
