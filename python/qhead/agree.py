@@ -20,8 +20,9 @@ so that a run is repeated without the model.
 
 **Quantizers.** ``--quantizer`` names one or more (:func:`qhead.quantize`): ``rtn`` (round to
 nearest), ``mse`` (per-group scale/clip search on the weights alone), ``gptq`` and ``gptq-mse``
-(GPTQ with the Hessian of calibration states, with RTN's or the searched scales). The GPTQ ones
-calibrate on a held-out split: the first ``--calibration-states`` teacher-forced corpus states,
+(GPTQ with the Hessian of calibration states, with RTN's or the searched scales; both then refit
+the group scales on GPTQ's objective), and ``mse-act`` (the MSE search weighted by the calibration
+states' per-column mean square). The calibrated ones use a held-out split: the first ``--calibration-states`` teacher-forced corpus states,
 taken from the start of every corpus part in proportion to its size, are the calibration set, and
 every quantizer in the run is measured on the other states only (the JSON says which). Schemes of
 a bit width without a fused kernel (5, 6, 3 bits) are measured through the reference path: the
@@ -71,8 +72,11 @@ __all__ = ["States", "capture", "save_states", "load_states", "compare", "run", 
 
 DEFAULT_SCHEMES = "w8,w8g128,w4g128,w4g64,w4g32,w8a,w8g128a,w4g128a,w4g64a,w4g32a"
 DEFAULT_RESCORE = "1,2,4,8,16"
-QUANTIZERS = ("rtn", "mse", "gptq", "gptq-mse")
-CALIBRATED = ("gptq", "gptq-mse")  # quantizers that need calibration states
+QUANTIZERS = ("rtn", "mse", "mse-act", "gptq", "gptq-mse")
+CALIBRATED = ("mse-act", "gptq", "gptq-mse")  # quantizers that read the calibration states
+# The harness' names for qhead.quantize's quantizers: mse-act is the MSE search weighted by the
+# calibration states' per-column mean square (qhead.quantize(quantizer="mse", calibration=...)).
+_QUANTIZER_OF = {"mse-act": "mse"}
 DEFAULT_CALIBRATION_STATES = 4096
 FUSED_BITS = (4, 8)  # bit widths with fused kernels; others are measured through the reference path
 SOURCES = ("corpus", "greedy", "sampled", "text")  # state origins, in the order of their codes
@@ -599,7 +603,7 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
                 name = s if len(quantizers) == 1 else f"{q}:{s}"
                 t0 = time.time()
                 try:
-                    tab = qhead.quantize(w, s, scale_dtype=sd, quantizer=q,
+                    tab = qhead.quantize(w, s, scale_dtype=sd, quantizer=_QUANTIZER_OF.get(q, q),
                                          calibration=calib if q in CALIBRATED else None)
                 except qhead.InvalidArgumentError as e:  # e.g. a group size that does not divide H
                     skipped[s] = str(e)
@@ -814,7 +818,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "--schemes entry; default none)")
     ap.add_argument("--quantizer", default="rtn",
                     help="how the table is quantized, a comma list of: rtn (round to nearest), mse (per-group "
-                         "scale/clip search), gptq, gptq-mse (GPTQ on held-out calibration states; default rtn)")
+                         "scale/clip search), mse-act (the same weighted by the calibration states), gptq, gptq-mse "
+                         "(GPTQ on held-out calibration states, RTN's or the searched scales; default rtn)")
     ap.add_argument("--calibration-states", type=int, default=DEFAULT_CALIBRATION_STATES,
                     help=f"corpus states held out as GPTQ's calibration set (default {DEFAULT_CALIBRATION_STATES}); "
                          "with a GPTQ quantizer every quantizer is measured on the other states")
