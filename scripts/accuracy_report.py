@@ -2,7 +2,7 @@
 """Writes docs/accuracy.md from the JSON that `qhead agree --json` (and `qhead generate --json`)
 wrote; every figure on the page comes from those files, which say how they were made.
 
-    python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-embedding.json docs/accuracy/generate_*.json [-o docs/accuracy.md]
+    python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-quantizers.json docs/accuracy/*-bits.json docs/accuracy/*-embedding.json docs/accuracy/generate_*.json [-o docs/accuracy.md]
 
 A file is an agree result when it has "records", a generate result when it has "prompts".
 """
@@ -72,7 +72,7 @@ def headline(model, recs):
     return lines
 
 
-QUANTIZER_ORDER = ("rtn", "mse", "gptq", "gptq-mse")
+QUANTIZER_ORDER = ("rtn", "mse", "mse-act", "gptq", "gptq-mse")
 
 
 def quantizer_grid(recs, ks=(0, 4, 8, 16)):
@@ -267,11 +267,14 @@ def main(argv=None):
             "qhead agree --model smollm2 --threads 2 --json docs/accuracy/smollm2.json --plot docs/accuracy/smollm2.png",
             "qhead agree --model gemma3 --n 12000 --capture-all --threads 2 --json docs/accuracy/gemma3.json "
             "--plot docs/accuracy/gemma3.png",
+            "qhead agree --model smollm2 --n 14500 --quantizer rtn,mse,mse-act,gptq,gptq-mse --schemes w8,w4g64 "
+            "--rescore 4,8,16 --threads 2 --json docs/accuracy/smollm2-quantizers.json   # and gemma3; 4096 states "
+            "calibrate, the rest are measured",
             "qhead agree --model smollm2 --n 4000 --schemes w8,w4g64 --rescore 8 --embedding same --threads 2 "
             "--json docs/accuracy/smollm2-embedding.json   # and gemma3",
             "qhead generate --model gemma3 --head w4g64 --rescore 8 --validation --new-tokens 64 --threads 2 "
             "--json docs/accuracy/generate_cpu_gemma3_w4g64_r8.json   # and the other generate_*.json",
-            "python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-embedding.json docs/accuracy/generate_*.json",
+            "python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-quantizers.json docs/accuracy/*-bits.json docs/accuracy/*-embedding.json docs/accuracy/generate_*.json",
             "```", ""]
     tmp = args.out + ".tmp"
     with open(tmp, "w") as fh:

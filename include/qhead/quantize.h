@@ -93,6 +93,10 @@ struct QuantizeOptions {
   // group scales by least squares on GPTQ's objective (w - ŵ)ᵀH(w - ŵ) (the
   // codes kept; a row keeps its scales unless the refit lowers it).
   bool refit_scales = true;
+  // GPTQ with the refit: passes after the first run the column loop again
+  // with the refit scales held fixed, then refit again; each row keeps the
+  // pass with the lowest objective.
+  int passes = 1;
 };
 
 // Quantizes a dense [V, H] table with the chosen quantizer. kRtn gives exactly

@@ -458,7 +458,8 @@ def compare(hidden: Tensor, table: Tensor, tables: Dict[str, Any], ks: Sequence[
             targets: Optional[Tensor] = None, dense_hidden: Optional[Tensor] = None,
             rescore_dtype: torch.dtype = torch.float32, out_dtype: torch.dtype = torch.float32,
             log: Callable[[str], None] = _log) -> Tuple[Dict[Tuple[str, int], _Acc], Tensor, Optional[Tensor]]:
-    """Per-state statistics of every quantized table in ``tables`` (name -> qhead.Table) against
+    """Per-state statistics of every quantized table in ``tables`` (name -> qhead.Table, or the
+    dequantized f32 [V, H] values of one as a tensor) against
     the dense head ``table`` [V, H] on the states ``hidden`` [N, H], for K = 0 and each K in
     ``ks``. ``dense_hidden``: the states the dense model had at the same positions, when
     ``hidden`` are those of a model whose embedding is quantized (the dense logits come from
@@ -483,7 +484,9 @@ def compare(hidden: Tensor, table: Tensor, tables: Dict[str, Any], ks: Sequence[
             nll_dense.append(dr.nll)
         exact = _rescore_fn(dense_rows, x)
         for name, tab in tables.items():
-            q = qhead.logits(tab, x)
+            # A torch tensor: the dequantized values of a table without fused kernels (the
+            # reference path), multiplied in f32 by BLAS.
+            q = x @ tab.T if isinstance(tab, Tensor) else qhead.logits(tab, x)
             per = stats.compare_logits(dr, q, [0, *ks], exact=exact)
             for k, r in per.items():
                 accs[(name, k)].add(agree=r.agree, displaced=r.displaced, kl=r.kl, dp_top=r.dp_top, dp_target=r.dp_target, nll=r.nll,
@@ -612,7 +615,7 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
                 t_quant[f"{q}:{s}"] = round(time.time() - t0, 2)
                 path_kind = "fused" if qhead.Scheme(s).bits in FUSED_BITS else "reference (dequantized)"
                 if path_kind != "fused":
-                    tab = qhead.Table.dense(torch.from_numpy(tab.dequantize()))
+                    tab = torch.from_numpy(tab.dequantize())
                 tables[name] = tab
                 labels[name] = {"scheme": s, "quantizer": q, "path": path_kind}
         log(f"{st.meta['model']}: {len(tables)} tables quantized ({', '.join(quantizers)}) in "

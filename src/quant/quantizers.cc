@@ -476,7 +476,7 @@ std::vector<float> inverse_cholesky_upper(std::vector<double> hm, int64_t h, dou
 // from one SGEMM per group over a block of rows. A row keeps its scales
 // unless the refit (rounded to the scale dtype) lowers its objective.
 void refit_scales(const float* w, const int8_t* codes, GroupParams* params, int64_t rn, int64_t h, int64_t g,
-                  int64_t gl, const std::vector<float>& hm, DType st, int threads) {
+                  int64_t gl, const std::vector<float>& hm, DType st, int threads, double* obj_out) {
   const int64_t sub = std::max<int64_t>(1, std::min<int64_t>(rn, (int64_t{1} << 23) / std::max<int64_t>(h * g, 1)));
   std::vector<float> qf(static_cast<size_t>(sub * h));
   std::vector<float> y(static_cast<size_t>(g * sub * h));  // y[k][r][:] = (H d_k) of row r
@@ -530,6 +530,18 @@ void refit_scales(const float* w, const int8_t* codes, GroupParams* params, int6
               l[static_cast<size_t>(i * g + j)] = v / l[static_cast<size_t>(j * g + j)];
             }
           }
+        // Objective sᵀAs - 2bᵀs (the constant wᵀHw dropped), old against new.
+        auto objective = [&](const std::vector<double>& sc) {
+          double f = 0;
+          for (int64_t i = 0; i < g; ++i) {
+            double as = 0;
+            for (int64_t j = 0; j < g; ++j) as += a[static_cast<size_t>(i * g + j)] * sc[static_cast<size_t>(j)];
+            f += sc[static_cast<size_t>(i)] * (as - 2.0 * b[static_cast<size_t>(i)]);
+          }
+          return f;
+        };
+        const double f_old = objective(s_old);
+        obj_out[s0 + r] = f_old;
         if (!ok) continue;
         for (int64_t i = 0; i < g; ++i) {
           double v = b[static_cast<size_t>(i)];
@@ -541,24 +553,19 @@ void refit_scales(const float* w, const int8_t* codes, GroupParams* params, int6
           for (int64_t k = i + 1; k < g; ++k) v -= l[static_cast<size_t>(k * g + i)] * sv[static_cast<size_t>(k)];
           sv[static_cast<size_t>(i)] = v / l[static_cast<size_t>(i * g + i)];
         }
-        // Objective sᵀAs - 2bᵀs (the constant wᵀHw dropped), old against new.
-        auto objective = [&](const std::vector<double>& sc) {
-          double f = 0;
-          for (int64_t i = 0; i < g; ++i) {
-            double as = 0;
-            for (int64_t j = 0; j < g; ++j) as += a[static_cast<size_t>(i * g + j)] * sc[static_cast<size_t>(j)];
-            f += sc[static_cast<size_t>(i)] * (as - 2.0 * b[static_cast<size_t>(i)]);
-          }
-          return f;
-        };
         bool finite = true;
         for (int64_t k = 0; k < g; ++k) {
           const float sr = round_through(static_cast<float>(sv[static_cast<size_t>(k)]), st);
           if (!std::isfinite(sr) || sr == 0.0f) finite = false;
           sv[static_cast<size_t>(k)] = sr;
         }
-        if (finite && objective(sv) < objective(s_old))
-          for (int64_t k = 0; k < g; ++k) pr[k].scale = static_cast<float>(sv[static_cast<size_t>(k)]);
+        if (finite) {
+          const double f_new = objective(sv);
+          if (f_new < f_old) {
+            for (int64_t k = 0; k < g; ++k) pr[k].scale = static_cast<float>(sv[static_cast<size_t>(k)]);
+            obj_out[s0 + r] = f_new;
+          }
+        }
       }
     }, threads);
   }
@@ -609,11 +616,24 @@ PackedTable quantize_gptq(const TensorView& dense, const QuantScheme& scheme, co
   std::vector<GroupParams> params(static_cast<size_t>(chunk * g));
   std::atomic<int64_t> bad{-1};
   RowProgress prog(o.progress, v);
+  const int passes = hf.empty() ? 1 : std::max(1, o.passes);
+  std::vector<int8_t> best_codes;
+  std::vector<GroupParams> best_params;
+  std::vector<double> obj(static_cast<size_t>(chunk)), best_obj;
+  if (passes > 1) {
+    best_codes.resize(codes.size());
+    best_params.resize(params.size());
+    best_obj.resize(static_cast<size_t>(chunk));
+  }
   for (int64_t r0 = 0; r0 < v; r0 += chunk) {
     const int64_t rn = std::min(chunk, v - r0);
     convert(static_cast<const char*>(dense.data) + r0 * h * dtype_size(xt), xt, wk.data(), DType::kF32, rn * h);
     for (int64_t i = 0; i < rn * h; ++i)
       if (!std::isfinite(wk[static_cast<size_t>(i)])) bad_row(op, o.name, r0 + i / h);
+   for (int pass = 0; pass < passes; ++pass) {
+    const bool fixed = pass > 0;  // later passes: GPTQ with the refit scales held fixed
+    if (fixed)
+      convert(static_cast<const char*>(dense.data) + r0 * h * dtype_size(xt), xt, wk.data(), DType::kF32, rn * h);
     for (int64_t b1 = 0; b1 < h; b1 += bsz) {
       const int64_t b2 = std::min(b1 + bsz, h), bn = b2 - b1;
       parallel_for(rn, 32, [&](int64_t rb, int64_t re) {
@@ -624,7 +644,7 @@ PackedTable quantize_gptq(const TensorView& dense, const QuantScheme& scheme, co
           int8_t* q = codes.data() + r * h;
           for (int64_t j = b1; j < b2; ++j) {
             GroupParams& p = params[static_cast<size_t>(r * g + j / gl)];
-            if (j % gl == 0) {
+            if (j % gl == 0 && !fixed) {
               // The group's parameters from the current (error-compensated) weights.
               p = mse ? mse_group(w + j, wdiag.data() + j, gl, scheme, DType::kF32, tmp.data())
                       : quant::rtn_params(w + j, gl, scheme, DType::kF32);
@@ -651,8 +671,21 @@ PackedTable quantize_gptq(const TensorView& dense, const QuantScheme& scheme, co
     if (!hf.empty()) {
       // The original rows (wk holds the error-compensated ones).
       convert(static_cast<const char*>(dense.data) + r0 * h * dtype_size(xt), xt, wk.data(), DType::kF32, rn * h);
-      refit_scales(wk.data(), codes.data(), params.data(), rn, h, g, gl, hf, st, o.threads);
+      refit_scales(wk.data(), codes.data(), params.data(), rn, h, g, gl, hf, st, o.threads, obj.data());
     }
+    if (passes > 1) {  // each row keeps the pass with the lowest objective
+      for (int64_t r = 0; r < rn; ++r) {
+        if (pass > 0 && !(obj[static_cast<size_t>(r)] < best_obj[static_cast<size_t>(r)])) {
+          std::copy(best_codes.begin() + r * h, best_codes.begin() + (r + 1) * h, codes.begin() + r * h);
+          std::copy(best_params.begin() + r * g, best_params.begin() + (r + 1) * g, params.begin() + r * g);
+          continue;
+        }
+        best_obj[static_cast<size_t>(r)] = obj[static_cast<size_t>(r)];
+        std::copy(codes.begin() + r * h, codes.begin() + (r + 1) * h, best_codes.begin() + r * h);
+        std::copy(params.begin() + r * g, params.begin() + (r + 1) * g, best_params.begin() + r * g);
+      }
+    }
+   }
     for (int64_t r = 0; r < rn; ++r) {
       for (int64_t k = 0; k < g; ++k) {
         const GroupParams& p = params[static_cast<size_t>(r * g + k)];
