@@ -1,4 +1,4 @@
-// qhead quantize IN --tensor NAME --scheme SCHEME -o OUT: RTN-quantize one
+// qhead quantize IN --tensor NAME --scheme SCHEME -o OUT: quantize one
 // dense [V, H] tensor into the compressed-tensors pack-quantized tensors
 // NAME'.weight_packed / .weight_scale [/ .weight_zero_point] / .weight_shape
 // (NAME' = NAME without a trailing ".weight"); every other tensor and the
@@ -9,6 +9,9 @@
 // Hugging Face model directory's two roles, writing a compressed-tensors model
 // directory (write_quantized_model, qhead/model_write.h), with progress bars on
 // a terminal.
+//
+// --quantizer rtn|mse|gptq|gptq-mse picks the quantizer (qhead/quantize.h);
+// --calibration FILE[:TENSOR] gives the head's inputs [N, H] the GPTQ ones need.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -49,6 +52,51 @@ bool looks_gguf(const std::string& path) {
   return in.read(m, 4) && std::string(m, 4) == "GGUF";
 }
 
+// The calibration activations of --calibration FILE[:TENSOR]: TENSOR, else
+// "hidden" (qhead agree's states files), else the file's only 2-D tensor.
+// Empty spec: none. The returned Tensor keeps the mapping alive.
+std::optional<Tensor> load_calibration(const std::string& spec, Quantizer q, const std::string& what) {
+  if (spec.empty()) {
+    if (quantizer_needs_calibration(q))
+      throw Error(ErrorCode::kInvalidArgument, "quantize",
+                  what + ": --quantizer " + quantizer_name(q) +
+                      " needs --calibration STATES.safetensors (the head's inputs [N, H], e.g. qhead agree's states "
+                      "file)");
+    return std::nullopt;
+  }
+  std::string path = spec, tensor;
+  if (!std::filesystem::exists(path)) {
+    const auto colon = spec.rfind(':');
+    if (colon != std::string::npos) {
+      path = spec.substr(0, colon);
+      tensor = spec.substr(colon + 1);
+    }
+  }
+  const SafetensorsFile f = SafetensorsFile::open(path);
+  if (tensor.empty()) {
+    if (f.contains("hidden")) {
+      tensor = "hidden";
+    } else {
+      std::vector<std::string> two_d;
+      for (const auto& n : f.names())
+        if (f.get(n).shape().size() == 2) two_d.push_back(n);
+      if (two_d.size() != 1)
+        throw Error(ErrorCode::kInvalidArgument, "quantize",
+                    "--calibration " + path + ": no tensor 'hidden' and " + std::to_string(two_d.size()) +
+                        " 2-D tensors; name one as FILE:TENSOR");
+      tensor = two_d[0];
+    }
+  }
+  if (!f.contains(tensor))
+    throw Error(ErrorCode::kInvalidArgument, "quantize", "--calibration " + path + ": no tensor named '" + tensor + "'");
+  Tensor t = f.get(tensor);
+  if (t.shape().size() != 2 || !is_float_dtype(t.dtype()))
+    throw Error(ErrorCode::kInvalidArgument, "quantize",
+                "--calibration " + path + ": tensor '" + tensor + "' must be 2-D F32/F16/BF16 [N, H], got " +
+                    dtype_name(t.dtype()) + " " + shape_str(t.shape()));
+  return t;
+}
+
 nlohmann::json role_json(const ModelWriteReport::Role& r) {
   nlohmann::json j = {{"tensor", r.tensor},           {"module", r.module},
                       {"action", r.action},           {"before", r.before},
@@ -81,6 +129,9 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
   o.mixed_schemes = a.mixed_schemes;
   o.force = a.force;
   o.threads = a.threads;
+  o.quantizer = parse_quantizer(a.quantizer);
+  const std::optional<Tensor> calib = load_calibration(a.calibration, o.quantizer, a.input);
+  if (calib) o.calibration = calib->view();
   o.overrides = {a.embedding_tensor, a.head_tensor};
   ProgressBar bar(progress && !a.json && ProgressBar::stderr_is_tty());
   o.progress = [&](const ModelWriteProgress& p) {
@@ -102,6 +153,7 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
   for (const auto& c : r.cleaned) notes.push_back("removed a killed run's temporary " + c);
   return {{"input", r.input_dir},
           {"output", r.output_dir},
+          {"quantizer", quantizer_name(o.quantizer)},
           {"architecture", r.architecture},
           {"vocab", r.vocab},
           {"hidden", r.hidden},
@@ -145,8 +197,14 @@ nlohmann::json quantize_file(const QuantizeArgs& a) {
       throw Error(ErrorCode::kInvalidArgument, "quantize",
                   a.input + ": already holds " + prefix + k + "; refusing to write a second packed copy");
 
+  QuantizeOptions qo;
+  qo.quantizer = parse_quantizer(a.quantizer);
+  qo.threads = a.threads;
+  qo.name = a.input + ": " + a.tensor;
+  const std::optional<Tensor> calib = load_calibration(a.calibration, qo.quantizer, qo.name);
+  if (calib) qo.calibration = calib->view();
   const auto t0 = std::chrono::steady_clock::now();
-  const PackedTable q = quantize_rtn(w.view(), scheme, a.threads, a.input + ": " + a.tensor);
+  const PackedTable q = quantize(w.view(), scheme, qo);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   SafetensorsWriter out;
@@ -174,6 +232,7 @@ nlohmann::json quantize_file(const QuantizeArgs& a) {
           {"output", a.output},
           {"prefix", prefix},
           {"scheme", scheme.name()},
+          {"quantizer", quantizer_name(qo.quantizer)},
           {"scale_dtype", dtype_name(scheme.scale_dtype)},
           {"input_dtype", dtype_name(w.dtype())},
           {"vocab", q.vocab},
@@ -236,10 +295,10 @@ int run_quantize(const QuantizeArgs& a) {
   if (a.json) {
     fmt::print("{}\n", j.dump(2));
   } else {
-    fmt::print("{}: {} [{} x {}] {} -> {} scheme {} (scales {}): {} -> {} ({:.2f}x) in {:.2f} s; wrote {}\n",
+    fmt::print("{}: {} [{} x {}] {} -> {} scheme {} (scales {}, {}): {} -> {} ({:.2f}x) in {:.2f} s; wrote {}\n",
                a.input, a.tensor, j["vocab"].get<int64_t>(), j["hidden"].get<int64_t>(),
                j["input_dtype"].get<std::string>(), j["prefix"].get<std::string>(), j["scheme"].get<std::string>(),
-               j["scale_dtype"].get<std::string>(), human_bytes(j["dense_bytes"].get<double>()),
+               j["scale_dtype"].get<std::string>(), j["quantizer"].get<std::string>(), human_bytes(j["dense_bytes"].get<double>()),
                human_bytes(j["packed_bytes"].get<double>()),
                j["dense_bytes"].get<double>() / j["packed_bytes"].get<double>(), j["seconds"].get<double>(), a.output);
   }

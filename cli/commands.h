@@ -38,6 +38,8 @@ struct QuantizeArgs {
   std::optional<std::string> scale_dtype;  // "f16" | "bf16" | "f32"; default: the input's
   int threads = 0;
   bool json = false;
+  std::string quantizer = "rtn";  // rtn | mse | gptq | gptq-mse
+  std::string calibration = "";   // FILE[:TENSOR], [N, H] activations (required by gptq)
   // Model-directory mode.
   std::optional<std::string> embedding = std::nullopt;  // scheme for the embedding
   std::optional<std::string> head = std::nullopt;       // scheme for the head

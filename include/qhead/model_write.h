@@ -89,6 +89,7 @@
 
 #include "qhead/dtype.h"
 #include "qhead/model.h"
+#include "qhead/quantize.h"
 #include "qhead/scheme.h"
 
 namespace qhead {
@@ -120,6 +121,12 @@ struct ModelWriteOptions {
   bool mixed_schemes = false;
   bool force = false;       // replace an existing non-empty out_dir
   int threads = 0;          // quantizer threads (<= 0: default)
+  // How the head (or the tied table) is quantized, and its calibration
+  // activations ([N, H], required by the GPTQ quantizers; not owned). An
+  // untied embedding takes the quantizer's identity-Hessian form (gptq: rtn,
+  // gptq-mse: mse).
+  Quantizer quantizer = Quantizer::kRtn;
+  std::optional<TensorView> calibration;
   ModelOverrides overrides; // explicit role tensor names
   std::function<void(const ModelWriteProgress&)> progress;  // optional
 };

@@ -3,7 +3,8 @@
     python -m qhead.agree --model smollm2|gemma3|PATH.gguf|HF_DIR[,...] [--text FILE ...]
                           [--states FILE.safetensors] [--n N] [--schemes w8,w4g64,...]
                           [--rescore 1,2,4,8,16] [--embedding SCHEME,...|same|none]
-                          [--quantizer rtn] [--json OUT.json] [--plot OUT.png] [--threads N]
+                          [--quantizer rtn,mse,gptq,gptq-mse] [--calibration-states N]
+                          [--json OUT.json] [--plot OUT.png] [--threads N]
 
 (``qhead agree ...`` runs this with the same flags.)
 
@@ -17,8 +18,18 @@ windows of ``--window`` tokens; and from generations on the corpus prompts, gree
 safetensors file (``--states``; default in ``$QHEAD_STATE_CACHE``, ``~/.cache/qhead/states``),
 so that a run is repeated without the model.
 
-**Comparison.** For each scheme (RTN of the model's own dense table, the scale dtype following
-the table's dtype), the quantized logits of every state (qhead's logits op) against the dense
+**Quantizers.** ``--quantizer`` names one or more (:func:`qhead.quantize`): ``rtn`` (round to
+nearest), ``mse`` (per-group scale/clip search on the weights alone), ``gptq`` and ``gptq-mse``
+(GPTQ with the Hessian of calibration states, with RTN's or the searched scales; both then refit
+the group scales on GPTQ's objective), and ``mse-act`` (the MSE search weighted by the calibration
+states' per-column mean square). The calibrated ones use a held-out split: the first ``--calibration-states`` teacher-forced corpus states,
+taken from the start of every corpus part in proportion to its size, are the calibration set, and
+every quantizer in the run is measured on the other states only (the JSON says which). Schemes of
+a bit width without a fused kernel (5, 6, 3 bits) are measured through the reference path: the
+packed table is dequantized once (its exact values) and the logits are those of that dense table.
+
+**Comparison.** For each quantizer and scheme (of the model's own dense table, the scale dtype
+following the table's dtype), the quantized logits of every state (qhead's logits op) against the dense
 logits (``x @ W^T`` in f32), with the statistics of :mod:`qhead.stats`: top-1 agreement with a
 Wilson 95% interval, ties (the dense top-1/top-2 margin within the rounding bound of an f32 dot
 product over H: ``gamma_H * sum_h |x_h w_h|`` for each of the two logits, plus the rounding to
@@ -61,7 +72,13 @@ __all__ = ["States", "capture", "save_states", "load_states", "compare", "run", 
 
 DEFAULT_SCHEMES = "w8,w8g128,w4g128,w4g64,w4g32,w8a,w8g128a,w4g128a,w4g64a,w4g32a"
 DEFAULT_RESCORE = "1,2,4,8,16"
-QUANTIZERS = ("rtn",)
+QUANTIZERS = ("rtn", "mse", "mse-act", "gptq", "gptq-mse")
+CALIBRATED = ("mse-act", "gptq", "gptq-mse")  # quantizers that read the calibration states
+# The harness' names for qhead.quantize's quantizers: mse-act is the MSE search weighted by the
+# calibration states' per-column mean square (qhead.quantize(quantizer="mse", calibration=...)).
+_QUANTIZER_OF = {"mse-act": "mse"}
+DEFAULT_CALIBRATION_STATES = 4096
+FUSED_BITS = (4, 8)  # bit widths with fused kernels; others are measured through the reference path
 SOURCES = ("corpus", "greedy", "sampled", "text")  # state origins, in the order of their codes
 SAMPLING = {"temperature": 0.8, "top_p": 0.95, "top_k": 0, "seed": 1234}
 STATES_FORMAT = "qhead-states-1"
@@ -354,6 +371,28 @@ def default_states_path(spec: str, texts: Sequence[str], window: int, new_tokens
     return os.path.join(state_cache(), f"{ref.name}-{tag}.safetensors")
 
 
+def calibration_split(st: States, n_cal: int) -> Tuple[Tensor, Tensor]:
+    """(calibration indices, the rest): about ``n_cal`` teacher-forced corpus states, the first ones
+    of every corpus part in proportion to the part's size (each part's start), and every other
+    state. ValueError when there are too few corpus states to leave some to measure."""
+    corpus_code = SOURCES.index("corpus")
+    corp = (st.source == corpus_code).nonzero().flatten()
+    if len(corp) < 2 * n_cal:
+        raise ValueError(f"agree: --calibration-states {n_cal} needs at least {2 * n_cal} corpus states to hold out "
+                         f"half or less of them; the states hold {len(corp)}")
+    parts = st.part[corp]
+    cal = []
+    total = len(corp)
+    for p in parts.unique().tolist():
+        idx = corp[parts == p]  # in capture order: the part's text from its start
+        k = int(round(n_cal * len(idx) / total))
+        cal.append(idx[:k])
+    cal_idx = torch.cat(cal).sort().values
+    mask = torch.ones(len(st), dtype=torch.bool)
+    mask[cal_idx] = False
+    return cal_idx, mask.nonzero().flatten()
+
+
 def select(st: States, n: Optional[int]) -> States:
     """The first-to-last spread of n states (every source and part keeps its share), or all."""
     if n is None or n >= len(st):
@@ -419,7 +458,8 @@ def compare(hidden: Tensor, table: Tensor, tables: Dict[str, Any], ks: Sequence[
             targets: Optional[Tensor] = None, dense_hidden: Optional[Tensor] = None,
             rescore_dtype: torch.dtype = torch.float32, out_dtype: torch.dtype = torch.float32,
             log: Callable[[str], None] = _log) -> Tuple[Dict[Tuple[str, int], _Acc], Tensor, Optional[Tensor]]:
-    """Per-state statistics of every quantized table in ``tables`` (name -> qhead.Table) against
+    """Per-state statistics of every quantized table in ``tables`` (name -> qhead.Table, or the
+    dequantized f32 [V, H] values of one as a tensor) against
     the dense head ``table`` [V, H] on the states ``hidden`` [N, H], for K = 0 and each K in
     ``ks``. ``dense_hidden``: the states the dense model had at the same positions, when
     ``hidden`` are those of a model whose embedding is quantized (the dense logits come from
@@ -444,7 +484,9 @@ def compare(hidden: Tensor, table: Tensor, tables: Dict[str, Any], ks: Sequence[
             nll_dense.append(dr.nll)
         exact = _rescore_fn(dense_rows, x)
         for name, tab in tables.items():
-            q = qhead.logits(tab, x)
+            # A torch tensor: the dequantized values of a table without fused kernels (the
+            # reference path), multiplied in f32 by BLAS.
+            q = x @ tab.T if isinstance(tab, Tensor) else qhead.logits(tab, x)
             per = stats.compare_logits(dr, q, [0, *ks], exact=exact)
             for k, r in per.items():
                 accs[(name, k)].add(agree=r.agree, displaced=r.displaced, kl=r.kl, dp_top=r.dp_top, dp_target=r.dp_target, nll=r.nll,
@@ -457,15 +499,17 @@ def compare(hidden: Tensor, table: Tensor, tables: Dict[str, Any], ks: Sequence[
 
 
 def _records(accs, ties: Tensor, nll_dense: Optional[Tensor], source: Tensor, base: Dict[str, Any],
-             order: Sequence[str]) -> List[Dict[str, Any]]:
-    """One record per (scheme, K) of ``accs``, in the order of ``order`` then K."""
+             order: Sequence[str], labels: Optional[Dict[str, Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
+    """One record per (table, K) of ``accs``, in the order of ``order`` then K. ``labels``: the
+    fields each table name stands for (default: ``{"scheme": name}``)."""
     out = []
     text_mask = (source == SOURCES.index("corpus")) | (source == SOURCES.index("text"))
     for (name, k), a in sorted(accs.items(), key=lambda it: (list(order).index(it[0][0]), it[0][1])):
         agree = a.get("agree")
         nll, dpt = a.get("nll"), a.get("dp_target")
         r = dict(base)
-        r.update(scheme=name, rescore=k)
+        r.update(labels[name] if labels else {"scheme": name})
+        r.update(rescore=k)
         r.update(stats.summarize(
             agree, ties, a.get("kl"), {5: a.get("ov5"), 10: a.get("ov10")}, a.get("dp_top"),
             dp_target=dpt[text_mask] if dpt is not None else None,
@@ -495,14 +539,26 @@ def _parse_list(s: str, what: str) -> List[str]:
 
 def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[str] = (), n: Optional[int] = None,
         schemes: Sequence[str] = tuple(DEFAULT_SCHEMES.split(",")), rescore: Sequence[int] = (1, 2, 4, 8, 16),
-        embedding: Sequence[str] = (), quantizer: str = "rtn", rescore_dtype: str = "f32",
+        embedding: Sequence[str] = (), quantizer: Any = "rtn", rescore_dtype: str = "f32",
         scale_dtype: Optional[str] = None, window: int = 512, new_tokens: int = 64, generation: bool = True,
-        capture_all: bool = False, log: Callable[[str], None] = _log) -> Dict[str, Any]:
+        capture_all: bool = False, calibration_states: int = DEFAULT_CALIBRATION_STATES,
+        log: Callable[[str], None] = _log) -> Dict[str, Any]:
     """The whole harness (the CLI's work): returns {"meta": ..., "records": [...], "models": {...}}.
     With ``n`` and no states file yet, about n states are captured (not all the corpus) unless
-    ``capture_all``."""
-    if quantizer not in QUANTIZERS:
-        raise ValueError(f"agree: --quantizer {quantizer!r}: one of {', '.join(QUANTIZERS)}")
+    ``capture_all``. ``quantizer``: a name or a list of names (QUANTIZERS); with a calibrated one,
+    ``calibration_states`` corpus states are held out as its calibration set and every quantizer is
+    measured on the rest."""
+    quantizers = [quantizer] if isinstance(quantizer, str) else list(quantizer)
+    if not quantizers:
+        raise ValueError("agree: --quantizer is empty")
+    for q in quantizers:
+        if q not in QUANTIZERS:
+            raise ValueError(f"agree: --quantizer {q!r}: one of {', '.join(QUANTIZERS)}")
+    calibrated = any(q in CALIBRATED for q in quantizers)
+    if calibrated and calibration_states < 1:
+        raise ValueError(f"agree: --calibration-states {calibration_states} must be >= 1")
+    if calibrated and embedding:
+        raise ValueError("agree: --embedding runs the RTN table only; give it without a calibrated --quantizer")
     ks = sorted(set(int(k) for k in rescore))
     if any(k < 1 for k in ks):
         raise ValueError(f"agree: --rescore values must be >= 1, got {list(rescore)}")
@@ -529,28 +585,49 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
             save_states(st, path)
             log(f"{st.meta['model']}: states saved to {path}")
         full = st
-        st = select(st, n)
+        calib_meta = None
+        calib = None
+        if calibrated:
+            cal_idx, rest_idx = calibration_split(full, calibration_states)
+            calib = full.hidden[cal_idx].contiguous()
+            calib_meta = {"states": int(len(cal_idx)), "measured_on": "the other states only",
+                          "rule": "the first teacher-forced corpus states of every corpus part, in proportion "
+                                  "to the part's size (a held-out split: none of them is measured)"}
+            full_measured = full.subset(rest_idx)
+        else:
+            full_measured = full
+        st = select(full_measured, n)
         w = st.table
         mdt = getattr(torch, st.meta.get("model_dtype", "float32"))
         sd = scale_dtype or {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[mdt]
-        t0 = time.time()
-        tables, skipped = {}, {}
-        for s in schemes:
-            try:
-                tables[s] = qhead.quantize(w, s, scale_dtype=sd)
-            except qhead.InvalidArgumentError as e:  # e.g. a group size that does not divide H
-                skipped[s] = str(e)
-                log(f"{st.meta['model']}: {s} skipped: {e}")
-        t_quant = time.time() - t0
-        log(f"{st.meta['model']}: {len(tables)} schemes quantized ({quantizer}) in {t_quant:.1f} s; comparing "
-            f"{len(st)} states, K = 0, {', '.join(map(str, ks))}")
+        tables, labels, skipped, t_quant = {}, {}, {}, {}
+        for q in quantizers:
+            for s in schemes:
+                name = s if len(quantizers) == 1 else f"{q}:{s}"
+                t0 = time.time()
+                try:
+                    tab = qhead.quantize(w, s, scale_dtype=sd, quantizer=_QUANTIZER_OF.get(q, q),
+                                         calibration=calib if q in CALIBRATED else None)
+                except qhead.InvalidArgumentError as e:  # e.g. a group size that does not divide H
+                    skipped[s] = str(e)
+                    log(f"{st.meta['model']}: {s} skipped: {e}")
+                    continue
+                t_quant[f"{q}:{s}"] = round(time.time() - t0, 2)
+                path_kind = "fused" if qhead.Scheme(s).bits in FUSED_BITS else "reference (dequantized)"
+                if path_kind != "fused":
+                    tab = torch.from_numpy(tab.dequantize())
+                tables[name] = tab
+                labels[name] = {"scheme": s, "quantizer": q, "path": path_kind}
+        log(f"{st.meta['model']}: {len(tables)} tables quantized ({', '.join(quantizers)}) in "
+            f"{sum(t_quant.values()):.1f} s; comparing {len(st)} states, K = 0, {', '.join(map(str, ks))}")
         t1 = time.time()
         accs, ties, nll_d = compare(st.hidden, w, tables, ks, targets=st.target, rescore_dtype=rdt, out_dtype=mdt,
                                     log=log)
-        base = {"model": st.meta["model"], "quantizer": quantizer, "embedding": "dense", "scale_dtype": sd,
+        base = {"model": st.meta["model"], "quantizer": quantizers[0], "embedding": "dense", "scale_dtype": sd,
                 "rescore_dtype": rescore_dtype}
-        records += _records(accs, ties, nll_d, st.source, base, list(tables))
+        records += _records(accs, ties, nll_d, st.source, base, list(tables), labels)
         t_cmp = time.time() - t1
+        quantizer = quantizers[0]
         emb_schemes = list(tables) if list(embedding) == ["same"] else [e for e in embedding if e != "none"]
         t_emb = 0.0
         if emb_schemes:
@@ -564,7 +641,8 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
                                             "states_teacher_forced", "cpu", "threads")},
             "vocab": int(w.shape[0]), "hidden": int(w.shape[1]), "states_file": os.path.basename(path),
             "states": len(st), "states_captured": len(full),
-            "seconds_compare": round(t_cmp, 1), "seconds_quantize": round(t_quant, 2),
+            "seconds_compare": round(t_cmp, 1), "seconds_quantize": round(sum(t_quant.values()), 2),
+            "seconds_quantize_each": t_quant, "quantizers": quantizers, "calibration": calib_meta,
             "seconds_embedding": round(t_emb, 1), "skipped": skipped,
         }
     meta = {
@@ -630,13 +708,13 @@ def _pct(x: float) -> str:
 
 def format_table(result: Dict[str, Any]) -> str:
     """The records as a Markdown table."""
-    lines = ["| model | scheme | embedding | K | states | ties | top-1 agreement % [95% CI] | flips/1k "
+    lines = ["| model | quantizer | scheme | embedding | K | states | ties | top-1 agreement % [95% CI] | flips/1k "
              "(outside ties) | top-5 | top-10 | KL mean | KL p99 | KL p99.9 | Δp top % | Δppl % |",
-             "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["records"]:
         dppl = f"{r['dppl_pct']:+.2f}" if "dppl_pct" in r else "-"
         lines.append(
-            f"| {r['model']} | {r['scheme']} | {r['embedding']} | {r['rescore']} | {r['states']} | {r['ties']} | "
+            f"| {r['model']} | {r.get('quantizer', 'rtn')} | {r['scheme']} | {r['embedding']} | {r['rescore']} | {r['states']} | {r['ties']} | "
             f"{_pct(r['top1_agreement'])} [{_pct(r['wilson_lo'])}, {_pct(r['wilson_hi'])}] | "
             f"{r['flips_per_1k']:.2f} ({r['flips_outside_ties_per_1k']:.2f}) | {r['top5_overlap']:.4f} | "
             f"{r['top10_overlap']:.4f} | {r['kl_mean']:.2e} | {r['kl_p99']:.2e} | {r['kl_p999']:.2e} | "
@@ -657,14 +735,16 @@ def plot(result: Dict[str, Any], path: str) -> None:
     fig, axes = plt.subplots(len(models), 2, figsize=(13, 4.2 * len(models)), squeeze=False)
     for row, m in enumerate(models):
         rs = [r for r in recs if r["model"] == m]
-        schemes = list(dict.fromkeys(r["scheme"] for r in rs))
+        many = len(set(r.get("quantizer", "rtn") for r in rs)) > 1
+        label = (lambda r: f"{r.get('quantizer', 'rtn')} {r['scheme']}") if many else (lambda r: r["scheme"])
+        schemes = list(dict.fromkeys(label(r) for r in rs))
         ks = sorted(set(r["rescore"] for r in rs))
         width = 0.8 / len(ks)
         ax, bx = axes[row]
         for j, k in enumerate(ks):
             xs, ys, lo, hi, fl = [], [], [], [], []
             for i, s in enumerate(schemes):
-                r = next((r for r in rs if r["scheme"] == s and r["rescore"] == k), None)
+                r = next((r for r in rs if label(r) == s and r["rescore"] == k), None)
                 if r is None:
                     continue
                 xs.append(i + (j - (len(ks) - 1) / 2) * width)
@@ -739,7 +819,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--embedding", default="none",
                     help="schemes to run again with the input embedding quantized too (comma list; 'same': every "
                          "--schemes entry; default none)")
-    ap.add_argument("--quantizer", default="rtn", help="how the table is quantized: rtn (round to nearest)")
+    ap.add_argument("--quantizer", default="rtn",
+                    help="how the table is quantized, a comma list of: rtn (round to nearest), mse (per-group "
+                         "scale/clip search), mse-act (the same weighted by the calibration states), gptq, gptq-mse "
+                         "(GPTQ on held-out calibration states, RTN's or the searched scales; default rtn)")
+    ap.add_argument("--calibration-states", type=int, default=DEFAULT_CALIBRATION_STATES,
+                    help=f"corpus states held out as GPTQ's calibration set (default {DEFAULT_CALIBRATION_STATES}); "
+                         "with a GPTQ quantizer every quantizer is measured on the other states")
     ap.add_argument("--scale-dtype", choices=("f32", "f16", "bf16"), help="default: the model's dtype")
     ap.add_argument("--window", type=int, default=512, help="teacher-forced window in tokens (default 512)")
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens per generation (default 64)")
@@ -775,6 +861,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         schemes = _parse_list(args.schemes, "--schemes")
         ks = _ints(args.rescore, "--rescore")
         emb = [] if args.embedding in ("none", "") else _parse_list(args.embedding, "--embedding")
+        quantizers = _parse_list(args.quantizer, "--quantizer")
     except (ValueError, FileNotFoundError, qhead.Error) as e:
         _usage_error(e)
         return 2
@@ -783,7 +870,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         qhead.set_num_threads(args.threads)
     try:
         result = run(models, states=args.states, texts=args.text, n=args.n, schemes=schemes, rescore=ks,
-                     embedding=emb, quantizer=args.quantizer, rescore_dtype=args.rescore_dtype,
+                     embedding=emb, quantizer=quantizers, calibration_states=args.calibration_states,
+                     rescore_dtype=args.rescore_dtype,
                      scale_dtype=args.scale_dtype, window=args.window, new_tokens=args.new_tokens,
                      generation=not args.no_generation, capture_all=args.capture_all)
     except (ValueError, qhead.Error) as e:

@@ -309,25 +309,46 @@ void register_tables(nb::module_& m) {
 
   m.def(
       "quantize",
-      [](nb::handle weight, nb::handle scheme, const std::string& scale_dtype, int threads) {
+      [](nb::handle weight, nb::handle scheme, const std::string& scale_dtype, int threads,
+         const std::string& quantizer, nb::handle calibration, double damp, int block, bool refit_scales, int passes) {
         const char* op = "quantize";
         const DType sd = parse_float_dtype(scale_dtype, op, "scale_dtype");
         const QuantScheme s = scheme_arg(scheme, sd, op);
-        ArrayArg w;
+        QuantizeOptions o;
+        o.quantizer = parse_quantizer(quantizer);
+        o.threads = threads;
+        o.name = "weight";
+        o.damp = damp;
+        o.block = block;
+        o.refit_scales = refit_scales;
+        o.passes = passes;
+        ArrayArg w, c;
         import_array(weight, op, "weight", false, w);
+        if (!calibration.is_none()) {
+          import_array(calibration, op, "calibration", false, c);
+          o.calibration = c.view;
+        }
         PackedTable p;
         {
           nb::gil_scoped_release nogil;
-          p = quantize_rtn(w.view, s, threads, "weight");
+          p = qhead::quantize(w.view, s, o);
         }
         return from_table(Table::packed(std::move(p), op), false);
       },
       nb::arg("weight").none(), nb::arg("scheme") = "w4g64", nb::kw_only(), nb::arg("scale_dtype") = "f16",
-      nb::arg("threads") = 0,
+      nb::arg("threads") = 0, nb::arg("quantizer") = "rtn", nb::arg("calibration").none() = nb::none(),
+      nb::arg("damp") = 0.01, nb::arg("block") = 128, nb::arg("refit_scales") = true, nb::arg("passes") = 1,
       nb::sig("def quantize(weight: object, scheme: Scheme | str = 'w4g64', *, scale_dtype: str = 'f16', "
-              "threads: int = 0) -> Table"),
-      "Round-to-nearest quantization (compressed-tensors arithmetic) of a dense CPU weight f32/f16/bf16 [V, H] "
-      "into a new packed Table. scheme: a Scheme or a name (then scale_dtype applies); threads <= 0: default.");
+              "threads: int = 0, quantizer: str = 'rtn', calibration: object | None = None, damp: float = 0.01, "
+              "block: int = 128, refit_scales: bool = True, passes: int = 1) -> Table"),
+      "Quantizes a dense CPU weight f32/f16/bf16 [V, H] into a new packed Table (the compressed-tensors "
+      "pack-quantized layout whatever the quantizer). scheme: a Scheme or a name (then scale_dtype applies); "
+      "threads <= 0: default. quantizer: 'rtn' (round to nearest, compressed-tensors arithmetic), 'mse' (per-group "
+      "scale/clip search minimising the weight error; with calibration, weighted by the activations' per-column "
+      "mean square), 'gptq' (GPTQ against calibration's XᵀX), 'gptq-mse' (GPTQ with the searched scales). "
+      "calibration: the head's inputs [N, H] (CPU, f32/f16/bf16), required by the GPTQ quantizers. damp: GPTQ's "
+      "damping (fraction of mean diag XᵀX/N); block: GPTQ's columns per lazy-update block; refit_scales: GPTQ "
+      "(symmetric schemes) refits each row's group scales by least squares on its objective after the codes; passes: GPTQ passes with the refit scales held fixed (each row keeps its best).");
 
   m.def(
       "quantize_roles",

@@ -124,6 +124,7 @@ def test_format_table_and_plot(result, tmp_path):
     (["--model", "nosuchmodel"], "nosuchmodel"),
     (["--model", "smollm2", "--rescore", "8,x"], "--rescore"),
     (["--model", "smollm2", "--text", "/nonexistent/file.txt"], "--text"),
+    (["--model", "smollm2", "--quantizer", "rtn,awq"], "awq"),
 ])
 def test_cli_errors_exit_2(args, needle):
     p = subprocess.run([sys.executable, "-m", "qhead.agree", *args], capture_output=True, text=True, timeout=120)

@@ -856,11 +856,22 @@ void quantize_jobs(WritePlan& p, const ModelWriteOptions& o) {
     if (o.progress)
       tick = [&](int64_t done, int64_t total) { o.progress({ModelWriteProgress::Stage::kQuantize, label, done, total}); };
     const std::string name = p.dir_s + ": " + j.role->tensor;
+    QuantizeOptions qo;
+    qo.quantizer = o.quantizer;
+    // An untied embedding has no activations to calibrate on: the GPTQ
+    // quantizers become what they are with an identity Hessian.
+    if (j.role == &p.info.embedding && !p.info.tied)
+      qo.quantizer = o.quantizer == Quantizer::kGptq ? Quantizer::kRtn
+                     : o.quantizer == Quantizer::kGptqMse ? Quantizer::kMse : o.quantizer;
+    qo.threads = o.threads;
+    qo.name = name;
+    qo.progress = tick;
+    if (qo.quantizer != Quantizer::kRtn) qo.calibration = o.calibration;
     if (j.table->is_packed()) {
       const Tensor dense = j.table->to_dense_f32();  // the values it holds now, exactly
-      j.q = quantize_rtn(dense.view(), j.scheme, o.threads, name, tick);
+      j.q = quantize(dense.view(), j.scheme, qo);
     } else {
-      j.q = quantize_rtn(j.table->dense().view(), j.scheme, o.threads, name, tick);
+      j.q = quantize(j.table->dense().view(), j.scheme, qo);
     }
     j.report->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }

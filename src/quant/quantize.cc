@@ -8,30 +8,12 @@
 
 #include "qhead/error.h"
 #include "core/parallel.h"
+#include "quant/quant_internal.h"
 
 namespace qhead {
 
-namespace {
-
-// torch's dtype promotion for a binary op on two float dtypes.
-DType promote(DType a, DType b) { return a == b ? a : DType::kF32; }
-
-float eps_of(DType t) {
-  switch (t) {
-    case DType::kF16: return 0.0009765625f;   // 2^-10
-    case DType::kBF16: return 0.0078125f;     // 2^-7
-    default: return 1.1920928955078125e-7f;   // 2^-23
-  }
-}
-
-// Round half to even, independent of the current rounding mode.
-float round_even(float v) {
-  const float r = std::round(v);  // half away from zero
-  if (std::fabs(v - std::trunc(v)) == 0.5f) return 2.0f * std::round(v / 2.0f);
-  return r;
-}
-
-}  // namespace
+using quant::GroupParams;
+using quant::promote;
 
 PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int threads,
                          const std::string& name, const QuantizeProgress& progress) {
@@ -50,9 +32,6 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
 
   const DType xt = dense.dtype, st = scheme.scale_dtype, pt = promote(xt, st);
   const int64_t g = scheme.groups(h), gl = scheme.group_len(h);
-  const float qmin = static_cast<float>(scheme.qmin()), qmax = static_cast<float>(scheme.qmax());
-  const float range = static_cast<float>((1 << scheme.bits) - 1);
-  const float half_range = range / 2.0f;  // exact in f16/bf16 for bits <= 8
 
   PackedTable out;
   out.scheme = scheme;
@@ -98,32 +77,10 @@ PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int
       }
       for (int64_t k = 0; k < g; ++k) {
         const float* xg = x.data() + k * gl;
-        float mn = 0.0f, mx = 0.0f;
-        for (int64_t j = 0; j < gl; ++j) {
-          mn = std::min(mn, xg[j]);
-          mx = std::max(mx, xg[j]);
-        }
-        float s, zf = 0.0f;
-        if (scheme.symmetric) {
-          s = round_through(std::max(std::fabs(mn), std::fabs(mx)) / half_range, xt);
-        } else {
-          s = round_through(round_through(mx - mn, xt) / range, xt);
-          zf = round_through(qmin - round_through(mn / s, xt), xt);
-          zf = std::clamp(zf, qmin, qmax);  // NaN (0/0 on an all-zero group) handled below
-        }
-        s = round_through(s, st);
-        if (s == 0.0f) s = eps_of(st);
-        int z = 0;
-        if (!scheme.symmetric) {
-          z = std::isnan(zf) ? scheme.qmin() : static_cast<int>(round_even(zf));
-          zps[static_cast<size_t>(r * g + k)] = static_cast<int8_t>(z);
-        }
-        store_from_f32(out.scale.data(), st, r * g + k, s);
-        for (int64_t j = 0; j < gl; ++j) {
-          float t = round_through(xg[j] / s, pt);
-          if (!scheme.symmetric) t = round_through(t + static_cast<float>(z), pt);
-          q[static_cast<size_t>(k * gl + j)] = static_cast<int8_t>(round_even(std::clamp(t, qmin, qmax)));
-        }
+        const GroupParams p = quant::rtn_params(xg, gl, scheme, xt);
+        if (!scheme.symmetric) zps[static_cast<size_t>(r * g + k)] = static_cast<int8_t>(p.zero);
+        store_from_f32(out.scale.data(), st, r * g + k, p.scale);
+        quant::rtn_codes(xg, gl, p, scheme, pt, q.data() + k * gl);
       }
       pack_codes(q.data(), h, scheme.bits, out.packed.ptr<int32_t>() + r * scheme.packed_cols(h));
       if (progress && ++pending == kTick) {
