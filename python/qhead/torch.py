@@ -34,9 +34,7 @@ Modules:
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple, Union
@@ -45,6 +43,7 @@ import torch
 from torch import Tensor, nn
 
 import qhead
+from qhead._safetensors import safetensors_header
 from qhead import _C
 
 __all__ = [
@@ -372,27 +371,6 @@ def _as_tensor(a: Any) -> Tensor:
     return a if isinstance(a, Tensor) else torch.from_dlpack(a)
 
 
-def _safetensors_header(path: str) -> Tuple[dict, int]:
-    """The JSON header of a safetensors file and the byte offset where its data begins."""
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise qhead.InvalidFileError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > size - 8:
-                raise qhead.InvalidFileError(f"{path}: safetensors header length {n} exceeds the file size {size}")
-            header = json.loads(f.read(n))
-    except OSError as e:
-        raise qhead.IoError(f"{path}: {e.strerror or e}") from e
-    except (ValueError, UnicodeDecodeError) as e:
-        raise qhead.InvalidFileError(f"{path}: safetensors header is not valid JSON ({e})") from e
-    if not isinstance(header, dict):
-        raise qhead.InvalidFileError(f"{path}: safetensors header is not a JSON object")
-    return header, 8 + n
-
-
 _ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
 
 
@@ -417,7 +395,7 @@ def mmap_safetensors_tensor(path: str, name: Optional[str] = None, shape: Option
     pages are read when touched; the mapping is private (copy-on-write), so the file is never
     written. `name` None: the only tensor of `shape`."""
     path = os.fspath(path)
-    header, base = _safetensors_header(path)
+    header, base = safetensors_header(path)
     entries = {k: v for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)}
     if name is None:
         cands = [k for k, v in entries.items() if shape is None or list(v.get("shape", ())) == list(shape)]

@@ -6,7 +6,11 @@
 #include <cmath>
 #include <cstdint>
 
+#include <string>
+
 #include "qhead/dtype.h"
+#include "qhead/error.h"
+#include "qhead/tensor.h"
 #include "qhead/scheme.h"
 
 namespace qhead::quant {
@@ -73,6 +77,20 @@ inline void rtn_codes(const float* xg, int64_t gl, const GroupParams& p, const Q
     if (!scheme.symmetric) t = round_through(t + static_cast<float>(p.zero), pt);
     q[j] = static_cast<int8_t>(round_even(std::clamp(t, qmin, qmax)));
   }
+}
+
+// The checks every quantizer applies to its input table (`op` and `name` in the errors).
+inline void check_table(const TensorView& dense, const QuantScheme& scheme, const char* op, const std::string& name) {
+  scheme.validate();
+  check_dims(dense, 2, op, name.c_str());
+  check_contiguous(dense, op, name.c_str());
+  if (dense.device != Device::kCPU)
+    throw Error(ErrorCode::kUnsupported, op, name + ": only CPU tables can be quantized");
+  if (!is_float_dtype(dense.dtype))
+    throw Error(ErrorCode::kInvalidArgument, op,
+                name + ": table must be F32/F16/BF16, got " + dtype_name(dense.dtype));
+  scheme.check_hidden(dense.size(1), op, name);
+  scheme.table_bytes(dense.size(0), dense.size(1), op, name);
 }
 
 }  // namespace qhead::quant

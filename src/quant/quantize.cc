@@ -18,17 +18,8 @@ using quant::promote;
 PackedTable quantize_rtn(const TensorView& dense, const QuantScheme& scheme, int threads,
                          const std::string& name, const QuantizeProgress& progress) {
   const char* op = "quantize_rtn";
-  scheme.validate();
-  check_dims(dense, 2, op, name.c_str());
-  check_contiguous(dense, op, name.c_str());
-  if (dense.device != Device::kCPU)
-    throw Error(ErrorCode::kUnsupported, op, name + ": only CPU tables can be quantized");
-  if (!is_float_dtype(dense.dtype))
-    throw Error(ErrorCode::kInvalidArgument, op,
-                name + ": table must be F32/F16/BF16, got " + dtype_name(dense.dtype));
+  quant::check_table(dense, scheme, op, name);  // every size below fits in int64
   const int64_t v = dense.size(0), h = dense.size(1);
-  scheme.check_hidden(h, op, name);
-  scheme.table_bytes(v, h, op, name);  // every size below fits in int64
 
   const DType xt = dense.dtype, st = scheme.scale_dtype, pt = promote(xt, st);
   const int64_t g = scheme.groups(h), gl = scheme.group_len(h);

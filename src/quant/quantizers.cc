@@ -247,18 +247,6 @@ GroupParams mse_group(const float* x, const float* w, int64_t n, const QuantSche
 
 // ---- shared plumbing ------------------------------------------------------
 
-void check_table(const TensorView& dense, const QuantScheme& scheme, const char* op, const std::string& name) {
-  scheme.validate();
-  check_dims(dense, 2, op, name.c_str());
-  check_contiguous(dense, op, name.c_str());
-  if (dense.device != Device::kCPU)
-    throw Error(ErrorCode::kUnsupported, op, name + ": only CPU tables can be quantized");
-  if (!is_float_dtype(dense.dtype))
-    throw Error(ErrorCode::kInvalidArgument, op,
-                name + ": table must be F32/F16/BF16, got " + dtype_name(dense.dtype));
-  scheme.check_hidden(dense.size(1), op, name);
-  scheme.table_bytes(dense.size(0), dense.size(1), op, name);
-}
 
 PackedTable empty_packed(const QuantScheme& scheme, int64_t v, int64_t h) {
   PackedTable out;
@@ -385,7 +373,7 @@ std::vector<float> column_weights(const std::vector<double>& diag, double damp) 
 
 PackedTable quantize_mse(const TensorView& dense, const QuantScheme& scheme, const QuantizeOptions& o) {
   const char* op = "quantize_mse";
-  check_table(dense, scheme, op, o.name);
+  quant::check_table(dense, scheme, op, o.name);
   const int64_t v = dense.size(0), h = dense.size(1);
   std::vector<float> wcol;
   if (o.calibration) wcol = column_weights(calibration_stats(*o.calibration, h, false, op, o.name, o.threads).diag,
@@ -574,7 +562,7 @@ void refit_scales(const float* w, const int8_t* codes, GroupParams* params, int6
 PackedTable quantize_gptq(const TensorView& dense, const QuantScheme& scheme, const QuantizeOptions& o) {
   const bool mse = o.quantizer == Quantizer::kGptqMse;
   const char* op = mse ? "quantize_gptq_mse" : "quantize_gptq";
-  check_table(dense, scheme, op, o.name);
+  quant::check_table(dense, scheme, op, o.name);
   const int64_t v = dense.size(0), h = dense.size(1);
   if (!o.calibration)
     throw Error(ErrorCode::kInvalidArgument, op,

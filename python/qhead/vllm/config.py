@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import struct
 from dataclasses import dataclass, field, replace  # noqa: F401  (replace: re-exported for callers)
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import qhead
+from qhead._safetensors import safetensors_header
 
 __all__ = ["QUANT_METHOD", "RoleSpec", "PluginConfig", "parse_config", "scheme_from_weights_args",
            "packed_roles_in_dir", "EMBEDDING_NAMES", "HEAD_NAMES"]
@@ -295,19 +295,7 @@ def parse_config(d: Optional[Mapping[str, Any]]) -> PluginConfig:
 # ---- which roles a checkpoint stores packed ---------------------------------------------------------
 
 def _safetensors_names(path: str) -> List[str]:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise qhead.InvalidFileError(f"{path}: not a safetensors file (shorter than 8 bytes)")
-            (n,) = struct.unpack("<Q", head)
-            if n > os.path.getsize(path) - 8:
-                raise qhead.InvalidFileError(f"{path}: safetensors header length {n} exceeds the file")
-            header = json.loads(f.read(n))
-    except OSError as e:
-        raise qhead.IoError(f"{path}: {e.strerror or e}") from e
-    except (ValueError, UnicodeDecodeError) as e:
-        raise qhead.InvalidFileError(f"{path}: safetensors header is not valid JSON ({e})") from e
+    header, _ = safetensors_header(path)
     return [k for k in header if k != "__metadata__"]
 
 
