@@ -736,15 +736,15 @@ def plot(result: Dict[str, Any], path: str) -> None:
     for row, m in enumerate(models):
         rs = [r for r in recs if r["model"] == m]
         many = len(set(r.get("quantizer", "rtn") for r in rs)) > 1
-        label = (lambda r: f"{r.get('quantizer', 'rtn')} {r['scheme']}") if many else (lambda r: r["scheme"])
-        schemes = list(dict.fromkeys(label(r) for r in rs))
+        name = (lambda r: f"{r.get('quantizer', 'rtn')} {r['scheme']}") if many else (lambda r: r["scheme"])
+        schemes = list(dict.fromkeys(name(r) for r in rs))
         ks = sorted(set(r["rescore"] for r in rs))
         width = 0.8 / len(ks)
         ax, bx = axes[row]
         for j, k in enumerate(ks):
             xs, ys, lo, hi, fl = [], [], [], [], []
             for i, s in enumerate(schemes):
-                r = next((r for r in rs if label(r) == s and r["rescore"] == k), None)
+                r = next((r for r in rs if name(r) == s and r["rescore"] == k), None)
                 if r is None:
                     continue
                 xs.append(i + (j - (len(ks) - 1) / 2) * width)
@@ -844,12 +844,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.threads < 0:
             raise ValueError(f"agree: --threads {args.threads} must be >= 0")
         models = _parse_list(args.model, "--model")
-        for m in models:
-            ref = qmodels.resolve(m)
-            if not (args.states and os.path.isfile(args.states)):
-                why = qmodels.unavailable(ref)
-                if why:
-                    raise FileNotFoundError(f"agree: model {m}: {why}")
         if args.plot:
             import importlib.util
 
@@ -862,6 +856,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ks = _ints(args.rescore, "--rescore")
         emb = [] if args.embedding in ("none", "") else _parse_list(args.embedding, "--embedding")
         quantizers = _parse_list(args.quantizer, "--quantizer")
+        for q in quantizers:
+            if q not in QUANTIZERS:
+                raise ValueError(f"agree: --quantizer {q!r}: one of {', '.join(QUANTIZERS)}")
+        for s in schemes + [e for e in emb if e != "same"]:
+            qhead.Scheme(s)  # a bad name raises qhead.InvalidArgumentError naming it
+        # The model last: a bad argument is reported even where the model is not at hand.
+        for m in models:
+            ref = qmodels.resolve(m)
+            if not (args.states and os.path.isfile(args.states)):
+                why = qmodels.unavailable(ref)
+                if why:
+                    raise FileNotFoundError(f"agree: model {m}: {why}")
     except (ValueError, FileNotFoundError, qhead.Error) as e:
         _usage_error(e)
         return 2
