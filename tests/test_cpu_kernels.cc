@@ -443,15 +443,29 @@ struct ActGuard {
   ~ActGuard() { set_cpu_activations(CpuActivations::kExact); }
 };
 
-// The fast ISA paths on which kInt8 takes effect on this CPU.
-std::vector<CpuIsa> int8_isas() {
-  std::vector<CpuIsa> out;
+// The int8 mode's paths on this CPU: every fast ISA path with each integer
+// dot product it can run there (VNNI where the CPU has it, vpmaddubsw always).
+struct Int8Path {
+  CpuIsa isa;
+  cpu::Int8Dot dot;
+  std::string name() const { return std::string(cpu_isa_name(isa)) + "/" + cpu::int8_dot_name(dot); }
+};
+std::vector<Int8Path> int8_paths() {
+  std::vector<Int8Path> out;
   for (CpuIsa i : fast_isas()) {
     CpuGuard g(i);
-    if (cpu_int8_available()) out.push_back(i);
+    if (!cpu_int8_available()) continue;
+    if (cpu::int8_dot() == cpu::Int8Dot::kVnni) out.push_back({i, cpu::Int8Dot::kVnni});
+    out.push_back({i, cpu::Int8Dot::kMaddubs});
   }
   return out;
 }
+// The ISA path, thread count and dot product of an int8 path, for a scope.
+struct Int8Guard {
+  explicit Int8Guard(const Int8Path& p, int threads = 0) : isa(p.isa, threads) { cpu::set_int8_dot(p.dot); }
+  ~Int8Guard() { cpu::set_int8_dot(cpu::Int8Dot::kAuto); }
+  CpuGuard isa;
+};
 
 // The int8 mode's contract, re-derived here: per activation row and block of
 // 32 elements, s_b = max|x| / 127 (f32) and q = rint(fl(x / s_b)), so
@@ -515,34 +529,67 @@ TEST(CpuKernelsInt8, DefaultIsExactAndSwitchIsProcessWide) {
   }
   EXPECT_EQ(cpu_activations(), CpuActivations::kExact);
   std::printf("[ INFO     ] int8 mode runs on: ");
-  for (CpuIsa i : int8_isas()) std::printf("%s ", cpu_isa_name(i));
+  for (const Int8Path& p : int8_paths()) std::printf("%s ", p.name().c_str());
   std::printf("\n");
-  // Where the active path has no VNNI, kInt8 runs the exact kernels: same bits.
+  // Every fast ISA path has the int8 mode (vpmaddubsw needs nothing past the
+  // ISA); with the reference path, kInt8 runs the exact reference: same bits.
+  for (CpuIsa isa : fast_isas()) {
+    CpuGuard g(isa);
+    EXPECT_TRUE(cpu_int8_available()) << cpu_isa_name(isa);
+  }
   const QuantScheme s = make_scheme(4, 32, true, DType::kF16);
   const Table t = Table::packed(random_packed(67, 64, s, 3));
   const Tensor x = random_tensor(DType::kF32, 3, 64, 4);
+  CpuGuard g(CpuIsa::kReference);
+  EXPECT_FALSE(cpu_int8_available());
+  Tensor a = Tensor::empty(DType::kF32, {3, 67}), b = Tensor::empty(DType::kF32, {3, 67});
+  logits(t, x.view(), a.view());
+  ActGuard act(CpuActivations::kInt8);
+  logits(t, x.view(), b.view());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
+}
+
+// The two integer dot products compute the same integers: bit-identical
+// logits wherever both run (VNNI and vpmaddubsw on one ISA path).
+TEST(CpuKernelsInt8, Int8DotProductsAgree) {
+  int pairs = 0;
   for (CpuIsa isa : fast_isas()) {
     CpuGuard g(isa);
-    if (cpu_int8_available()) continue;
-    Tensor a = Tensor::empty(DType::kF32, {3, 67}), b = Tensor::empty(DType::kF32, {3, 67});
-    logits(t, x.view(), a.view());
-    ActGuard act(CpuActivations::kInt8);
-    logits(t, x.view(), b.view());
-    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << cpu_isa_name(isa);
+    if (!cpu_int8_available() || cpu::int8_dot() != cpu::Int8Dot::kVnni) continue;
+    for (int bits : {4, 8})
+      for (bool sym : {true, false})
+        for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{17}}) {
+          const QuantScheme s = make_scheme(bits, 64, sym, DType::kBF16);
+          const Table t = Table::packed(random_packed(1003, 576, s, 41 + uint64_t(bits) + uint64_t(m)));
+          const Tensor x = random_tensor(DType::kF16, m, 576, 42 + uint64_t(m), -4.0, 4.0);
+          Tensor a = Tensor::empty(DType::kF32, {m, 1003}), b = Tensor::empty(DType::kF32, {m, 1003});
+          poison(a.view());
+          poison(b.view());
+          ActGuard act(CpuActivations::kInt8);
+          cpu::set_int8_dot(cpu::Int8Dot::kVnni);
+          logits(t, x.view(), a.view());
+          cpu::set_int8_dot(cpu::Int8Dot::kMaddubs);
+          logits(t, x.view(), b.view());
+          cpu::set_int8_dot(cpu::Int8Dot::kAuto);
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()))
+              << cpu_isa_name(isa) << " " << s.name() << " M=" << m;
+          ++pairs;
+        }
   }
+  if (pairs == 0) GTEST_SKIP() << "no ISA path with VNNI on this CPU: only vpmaddubsw runs (the sweeps test it)";
 }
 
 // The full cross product on small, awkward shapes (H = 576 leaves a partial
 // last chunk for the 4-bit kernels), against the derived bound.
 TEST(CpuKernelsInt8, LogitsSweepSmallShapes) {
-  const auto isas = int8_isas();
-  if (isas.empty()) GTEST_SKIP() << "no CPU path with VNNI here";
+  const auto paths = int8_paths();
+  if (paths.empty()) GTEST_SKIP() << "no CPU path with the int8 mode here";
   const std::vector<Case> cases = {{1, 64, 1}, {3, 576, 3}, {67, 64, 17}, {3, 64, 256}, {50, 160, 2}};
   const DType scale_dtypes[] = {DType::kF16, DType::kBF16, DType::kF32};
   int n = 0;
   double worst = 0.0;
-  for (CpuIsa isa : isas) {
-    CpuGuard g(isa);
+  for (const Int8Path& ip : paths) {
+    Int8Guard g(ip);
     for (int bits : {4, 8})
       for (int group : {32, 64, 128, -1})
         for (bool sym : {true, false})
@@ -561,7 +608,7 @@ TEST(CpuKernelsInt8, LogitsSweepSmallShapes) {
                 ActGuard act(CpuActivations::kInt8);
                 ASSERT_TRUE(cpu::logits(t, x.view(), out.view())) << "fast path declined " << s.name();
               }
-              const std::string what = std::string(cpu_isa_name(isa)) + " int8 " + s.name() + " x " + dtype_name(xt) +
+              const std::string what = ip.name() + " int8 " + s.name() + " x " + dtype_name(xt) +
                                        " V=" + std::to_string(c.v) + " H=" + std::to_string(c.h) +
                                        " M=" + std::to_string(c.m);
               EXPECT_EQ(count_nan(out.view()), 0) << what;
@@ -577,8 +624,8 @@ TEST(CpuKernelsInt8, LogitsSweepSmallShapes) {
 // V = 50257, H = 1024, M = 1, 17, 256; sampled rows; and the extra error the
 // mode actually shows on these random inputs, reported.
 TEST(CpuKernelsInt8, LogitsLargeVocabSampled) {
-  const auto isas = int8_isas();
-  if (isas.empty()) GTEST_SKIP() << "no CPU path with VNNI here";
+  const auto paths = int8_paths();
+  if (paths.empty()) GTEST_SKIP() << "no CPU path with the int8 mode here";
   const std::vector<Big> big = {
       {4, 64, true, DType::kBF16, DType::kF32, 1},  {4, 128, false, DType::kF16, DType::kBF16, 17},
       {8, 128, true, DType::kBF16, DType::kF32, 1}, {8, -1, false, DType::kF32, DType::kF16, 17},
@@ -592,9 +639,9 @@ TEST(CpuKernelsInt8, LogitsLargeVocabSampled) {
     const PackedTable p = random_packed(v, h, s, 177 + static_cast<uint64_t>(n));
     const Table t = Table::packed(p);
     const Tensor x = random_tensor(b.x, b.m, h, 199 + static_cast<uint64_t>(n++));
-    for (CpuIsa isa : isas) {
-      if (b.m == 256 && isa != isas.back()) continue;
-      CpuGuard g(isa);
+    for (const Int8Path& ip : paths) {
+      if (b.m == 256 && ip.isa != paths.back().isa) continue;
+      Int8Guard g(ip);
       Tensor exact = Tensor::empty(DType::kF32, {b.m, v}), out = Tensor::empty(DType::kF32, {b.m, v});
       logits(t, x.view(), exact.view());
       poison(out.view());
@@ -602,7 +649,7 @@ TEST(CpuKernelsInt8, LogitsLargeVocabSampled) {
         ActGuard act(CpuActivations::kInt8);
         logits(t, x.view(), out.view());
       }
-      const std::string what = std::string(cpu_isa_name(isa)) + " int8 " + s.name() + " M=" + std::to_string(b.m);
+      const std::string what = ip.name() + " int8 " + s.name() + " M=" + std::to_string(b.m);
       EXPECT_EQ(count_nan(out.view()), 0) << what;
       const Int8Check r = check_logits_int8(p, x.view(), out.view(), exact.view(), what);
       EXPECT_EQ(r.bad, 0) << what;
@@ -622,8 +669,8 @@ TEST(CpuKernelsInt8, LogitsLargeVocabSampled) {
 // magnitudes side by side: the per-block scales keep each block's relative
 // precision, and a zero block contributes exactly nothing.
 TEST(CpuKernelsInt8, ZeroAndSpreadBlocks) {
-  const auto isas = int8_isas();
-  if (isas.empty()) GTEST_SKIP() << "no CPU path with VNNI here";
+  const auto paths = int8_paths();
+  if (paths.empty()) GTEST_SKIP() << "no CPU path with the int8 mode here";
   const int64_t v = 131, h = 256, m = 3;
   Tensor x = random_tensor(DType::kF32, m, h, 8);
   float* xp = x.ptr<float>();
@@ -633,10 +680,10 @@ TEST(CpuKernelsInt8, ZeroAndSpreadBlocks) {
   for (int64_t j = 64; j < 96; ++j) xp[h + j] *= 1e-6f;      // row 1, block 2: tiny
   for (int64_t j = 96; j < 128; ++j) xp[h + j] *= 1e6f;      // row 1, block 3: huge
   for (int64_t j = 0; j < h; j += 2) xp[2 * h + j] = 0.0f;  // row 2: every other one zero
-  for (CpuIsa isa : isas)
+  for (const Int8Path& ip : paths)
     for (int bits : {4, 8})
       for (bool sym : {true, false}) {
-        CpuGuard g(isa);
+        Int8Guard g(ip);
         const QuantScheme s = make_scheme(bits, 64, sym, DType::kBF16);
         const PackedTable p = random_packed(v, h, s, 9);
         const Table t = Table::packed(p);
@@ -647,7 +694,7 @@ TEST(CpuKernelsInt8, ZeroAndSpreadBlocks) {
           ActGuard act(CpuActivations::kInt8);
           logits(t, x.view(), out.view());
         }
-        const std::string what = std::string(cpu_isa_name(isa)) + " int8 " + s.name();
+        const std::string what = ip.name() + " int8 " + s.name();
         for (int64_t r = 0; r < v; ++r) EXPECT_EQ(out.ptr<float>()[r], 0.0f) << what << " zero row, logit " << r;
         EXPECT_EQ(check_logits_int8(p, x.view(), out.view(), exact.view(), what).bad, 0) << what;
       }
@@ -656,17 +703,17 @@ TEST(CpuKernelsInt8, ZeroAndSpreadBlocks) {
 // Thread counts 1, 2, 3 give identical int8 logits, and top-k in int8 mode
 // returns exactly the k best of those logits (the same pass with the epilogue).
 TEST(CpuKernelsInt8, ThreadCountsAndTopkConsistent) {
-  const auto isas = int8_isas();
-  if (isas.empty()) GTEST_SKIP() << "no CPU path with VNNI here";
+  const auto paths = int8_paths();
+  if (paths.empty()) GTEST_SKIP() << "no CPU path with the int8 mode here";
   const int64_t v = big_v(50257), h = 128, m = 3, k = 50;
   for (bool sym : {true, false}) {
     const QuantScheme s = make_scheme(4, 64, sym, DType::kF16);
     const Table t = Table::packed(random_packed(v, h, s, 55));
     const Tensor x = random_tensor(DType::kBF16, m, h, 56);
-    for (CpuIsa isa : isas) {
+    for (const Int8Path& ip : paths) {
       std::vector<float> first;
       for (int threads : {1, 2, 3}) {
-        CpuGuard g(isa, threads);
+        Int8Guard g(ip, threads);
         ActGuard act(CpuActivations::kInt8);
         Tensor out = Tensor::empty(DType::kF32, {m, v});
         poison(out.view());
@@ -676,7 +723,7 @@ TEST(CpuKernelsInt8, ThreadCountsAndTopkConsistent) {
           first = o;
         else
           EXPECT_EQ(0, std::memcmp(first.data(), o.data(), o.size() * sizeof(float)))
-              << cpu_isa_name(isa) << " threads=" << threads;
+              << ip.name() << " threads=" << threads;
         Tensor vals = Tensor::empty(DType::kF32, {m, k}), ids = Tensor::empty(DType::kI32, {m, k}),
                lse = Tensor::empty(DType::kF32, {m});
         poison(vals.view());
@@ -689,7 +736,7 @@ TEST(CpuKernelsInt8, ThreadCountsAndTopkConsistent) {
           std::iota(order.begin(), order.end(), 0);
           std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return l[a] > l[b]; });
           for (int64_t j = 0; j < k; ++j) {
-            ASSERT_EQ(ids.ptr<int32_t>()[i * k + j], order[static_cast<size_t>(j)]) << cpu_isa_name(isa);
+            ASSERT_EQ(ids.ptr<int32_t>()[i * k + j], order[static_cast<size_t>(j)]) << ip.name();
             ASSERT_EQ(vals.ptr<float>()[i * k + j], l[order[static_cast<size_t>(j)]]);
           }
           EXPECT_FALSE(std::isnan(lse.ptr<float>()[i]));

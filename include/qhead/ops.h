@@ -79,6 +79,43 @@ struct Rescored {
 };
 Rescored rescore(const Table& dense, const TensorView& x, const TensorView& candidates);
 
+// sample: one token id per activation row, drawn from the distribution of
+// that row's logits (those `logits` computes) at temperature T, truncated as
+// asked, without storing [M, V]:
+//   p(v) ∝ exp(l_v / T) over the tokens kept by
+//     top_k > 0   the top_k largest logits (ties: lower id first), then
+//     top_p < 1   the shortest prefix of those, sorted descending, whose
+//                 probability (renormalized over the top_k kept; over the
+//                 whole vocab without top_k) reaches top_p, and
+//     min_p > 0   the tokens whose probability is at least min_p times the
+//                 largest one (both cuts keep a prefix; the shorter wins).
+//   temperature == 0: the argmax (ties: lower id), as topk(k = 1); top_k,
+//   top_p and min_p are then ignored. temperature must be finite and >= 0,
+//   top_k in [0, V], top_p in (0, 1], min_p in [0, 1).
+// Randomness is Philox4x32-10 keyed by `seed` with a counter made of (row,
+// offset, column): a call is reproducible, rows are independent streams, and
+// a decode loop passes its step as `offset` so that steps differ. Every path
+// (reference, CPU kernels, CUDA) uses the same random numbers, so paths agree
+// draw for draw except where their logits' rounding decides a draw.
+// Two exact mechanisms (docs/architecture.md#sampling):
+//   untruncated (top_k = 0, top_p = 1, min_p = 0): Gumbel-max, argmax_v of
+//     l_v/T + G_v with G_v = -log(-log u_v), u_v a 23-bit uniform of the
+//     column's counter, fused into the logits pass on the CPU;
+//   truncated: the sorted candidates (top-k of l/T with the log-sum-exp of
+//     l/T), then the inverse CDF at one 53-bit uniform of the row's counter.
+//   ids: I32 [M], written.
+struct SampleParams {
+  float temperature = 1.0f;
+  int64_t top_k = 0;  // 0: no top-k cut
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+void sample(const Table& table, const TensorView& x, const SampleParams& params, const TensorView& ids,
+            Backend backend = Backend::kAuto);
+Tensor sample(const Table& table, const TensorView& x, const SampleParams& params);
+
 // ---- CPU fast paths (src/ops/cpu/) -------------------------------------------
 // kAuto runs the fused CPU kernels of the best ISA this CPU has (CPUID, run
 // time) for packed 4- and 8-bit tables whose H and group length are
@@ -108,10 +145,13 @@ int num_threads();
 // dot products with the stored codes run in integers (VNNI vpdpbusd; the
 // zero point is subtracted exactly in int32), then are scaled by s_b·s_w in
 // f32. Its extra error is that of replacing x by s_b·q:
-// |Δlogit| <= Σ_j |w_j|·s_b(j)/2 (+ the f32 bound). It runs where the
-// active ISA path has VNNI (AVX512_VNNI with the avx512 path, AVX-VNNI with
-// the avx2 path); elsewhere kInt8 runs the exact kernels. Embed and rescore
-// are always exact. Call it between ops, not during one.
+// |Δlogit| <= Σ_j |w_j|·s_b(j)/2 (+ the f32 bound). It runs on both ISA
+// paths: with VNNI vpdpbusd where the CPU has it (AVX512_VNNI with the
+// avx512 path, AVX-VNNI with the avx2 path), else with vpmaddubsw +
+// vpmaddwd (llama.cpp's q4_0 · q8_0 dot), the same integers and so the same
+// results bit for bit; with the reference path, kInt8 runs the exact
+// reference. Embed and rescore are always exact. Call it between ops, not
+// during one.
 enum class CpuActivations { kExact, kInt8 };
 void set_cpu_activations(CpuActivations a);
 CpuActivations cpu_activations();

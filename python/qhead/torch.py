@@ -267,6 +267,8 @@ else:
     _lib.define(f"embed({_TABLE_ARGS}, Tensor ids, {_TABLE_KW}, ScalarType out_dtype) -> Tensor")
     _lib.define(f"logits({_TABLE_ARGS}, Tensor x, {_TABLE_KW}) -> Tensor")
     _lib.define(f"topk({_TABLE_ARGS}, Tensor x, int k, {_TABLE_KW}) -> (Tensor, Tensor, Tensor)")
+    _lib.define(f"sample({_TABLE_ARGS}, Tensor x, float temperature, int top_k, float top_p, float min_p, "
+                f"int seed, int offset, {_TABLE_KW}) -> Tensor")
     _lib.define("rescore(Tensor dense, Tensor x, Tensor candidates) -> (Tensor, Tensor)")
 
 
@@ -303,6 +305,20 @@ def _topk_impl(weight_packed, weight_scale, weight_zero_point, col_perm, x, k, s
     return values, ids, lse
 
 
+def _sample_impl(weight_packed, weight_scale, weight_zero_point, col_perm, x, temperature, top_k, top_p, min_p,
+                 seed, offset, scheme, vocab, hidden):
+    table = table_from_tensors(weight_packed, weight_scale, weight_zero_point, col_perm, scheme, vocab, hidden)
+    if x.dim() != 2:
+        raise qhead.InvalidArgumentError(f"qhead::sample: x must be 2-D [M, H], got shape {tuple(x.shape)}")
+    _need_contiguous(x, "sample", "x")
+    if seed < 0 or offset < 0:
+        raise qhead.InvalidArgumentError(f"qhead::sample: seed = {seed} and offset = {offset} must be >= 0")
+    ids = _empty(x.shape[0], dtype=torch.int32, device=weight_packed.device)
+    _C.sample(table, x, ids, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+              offset=offset, stream=_stream(ids))
+    return ids
+
+
 def _rescore_impl(dense, x, candidates):
     table = dense_table(dense)
     if candidates.dim() != 2:
@@ -318,7 +334,7 @@ def _rescore_impl(dense, x, candidates):
 
 if OPS == "python":
     for _name, _fn in (("embed", _embed_impl), ("logits", _logits_impl), ("topk", _topk_impl),
-                       ("rescore", _rescore_impl)):
+                       ("sample", _sample_impl), ("rescore", _rescore_impl)):
         _lib.impl(_name, _fn, "CPU")
         _lib.impl(_name, _fn, "CUDA")
 
@@ -345,6 +361,13 @@ def _register_fakes() -> None:
         return (weight_packed.new_empty((m, k), dtype=torch.float32),
                 weight_packed.new_empty((m, k), dtype=torch.int32),
                 weight_packed.new_empty((m,), dtype=torch.float32))
+
+
+    @torch.library.register_fake("qhead::sample", lib=_lib)
+    def _sample_fake(weight_packed, weight_scale, weight_zero_point, col_perm, x, temperature, top_k, top_p, min_p,
+                     seed, offset, scheme, vocab, hidden):
+        torch._check(x.dim() == 2, lambda: f"qhead::sample: x must be 2-D [M, H], got {x.dim()}-D")
+        return weight_packed.new_empty((x.shape[0],), dtype=torch.int32)
 
 
     @torch.library.register_fake("qhead::rescore", lib=_lib)
@@ -935,6 +958,20 @@ class QuantLMHead(nn.Module):
             return values, ids, lse
         lead = x.shape[:-1]
         return values.reshape(*lead, k), ids.reshape(*lead, k), lse.reshape(lead)
+
+    def sample(self, x: Tensor, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               min_p: float = 0.0, seed: int = 0, offset: int = 0) -> Tensor:
+        """One token id (int32 [...]) per row of x [..., H], drawn exactly from softmax(logits /
+        temperature) of the quantized head, truncated by top_k (0: none), top_p (1: none) and min_p
+        (0: none), without storing [M, V]; temperature 0: the argmax. Reproducible: Philox4x32-10
+        keyed by seed, with (row, offset, column) as counter; pass the decode step as offset.
+        rescore does not apply: the draw is from the quantized logits."""
+        x2 = self._flat(x, "sample")
+        xk = self._kernel_x(x2)
+        t = self._modules["table"]
+        ids = torch.ops.qhead.sample.default(*t._table_buffers(), xk, float(temperature), int(top_k), float(top_p),
+                                             float(min_p), int(seed), int(offset), t.scheme, t.vocab, t.hidden)
+        return ids if x.dim() == 2 else ids.reshape(x.shape[:-1])
 
     def extra_repr(self) -> str:
         s = f"in_features={self.in_features}, out_features={self.out_features}, bias=False"

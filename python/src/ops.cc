@@ -96,6 +96,9 @@ const TorchApi g_torch_api = {
        const TensorView& lse, void* s) { run_torch(t, s, [&] { topk(t, x, k, values, ids, lse); }); },
     [](const Table& d, const TensorView& x, const TensorView& c, const TensorView& values, const TensorView& ids,
        void* s) { run_torch(d, s, [&] { rescore(d, x, c, values, ids); }); },
+    [](const Table& t, const TensorView& x, const SampleParams& p, const TensorView& ids, void* s) {
+      run_torch(t, s, [&] { sample(t, x, p, ids); });
+    },
 };
 
 }  // namespace
@@ -177,6 +180,36 @@ void register_ops(nb::module_& m) {
       "  candidates  int32/int64 [M, k], each in [0, V)\n"
       "  values      f32 [M, k], written\n"
       "  ids         int32 [M, k], written\n"
+      "All arrays on the table's device, contiguous. stream: a cudaStream_t for CUDA tables (default: torch's current stream for torch tensors, else qhead's).");
+
+  m.def(
+      "sample",
+      [](const PyTable& table, nb::handle x, nb::handle ids, float temperature, int64_t top_k, float top_p,
+         float min_p, uint64_t seed, uint64_t offset, std::optional<uintptr_t> stream) {
+        ArrayArg a, i;
+        import_array(x, "sample", "x", false, a);
+        import_array(ids, "sample", "ids", true, i);
+        SampleParams p;
+        p.temperature = temperature;
+        p.top_k = top_k;
+        p.top_p = top_p;
+        p.min_p = min_p;
+        p.seed = seed;
+        p.offset = offset;
+        run(table.table, stream, a, [&] { sample(table.table, a.view, p, i.view); });
+      },
+      nb::arg("table"), nb::arg("x").none(), nb::arg("ids").none(), nb::kw_only(), nb::arg("temperature") = 1.0f,
+      nb::arg("top_k") = 0, nb::arg("top_p") = 1.0f, nb::arg("min_p") = 0.0f, nb::arg("seed") = 0,
+      nb::arg("offset") = 0, nb::arg("stream").none() = nb::none(),
+      nb::sig("def sample(table: Table, x: object, ids: object, *, temperature: float = 1.0, top_k: int = 0, "
+              "top_p: float = 1.0, min_p: float = 0.0, seed: int = 0, offset: int = 0, "
+              "stream: int | None = None) -> None"),
+      "One token id per row of x, drawn from softmax(logits / temperature) truncated by top_k (0: none), "
+      "top_p (1: none) and min_p (0: none), without storing [M, V]; temperature 0: the argmax. The draw "
+      "is exact and reproducible: Philox4x32-10 keyed by seed, with (row, offset, column) as counter "
+      "(pass the decode step as offset).\n"
+      "  x    f32/f16/bf16 [M, H]\n"
+      "  ids  int32 [M], written\n"
       "All arrays on the table's device, contiguous. stream: a cudaStream_t for CUDA tables (default: torch's current stream for torch tensors, else qhead's).");
 
   m.def("_torch_api", [] { return reinterpret_cast<uintptr_t>(&torch_api()); },

@@ -22,7 +22,7 @@
 namespace qhead::py {
 
 // Bumped whenever the struct changes; _torch_ops refuses another version.
-inline constexpr uint32_t kTorchApiVersion = 1;
+inline constexpr uint32_t kTorchApiVersion = 2;
 
 struct TorchApi {
   uint32_t version;
@@ -39,6 +39,8 @@ struct TorchApi {
                const TensorView& lse, void* stream);
   void (*rescore)(const Table& dense, const TensorView& x, const TensorView& candidates, const TensorView& values,
                   const TensorView& ids, void* stream);
+  void (*sample)(const Table& t, const TensorView& x, const SampleParams& params, const TensorView& ids,
+                 void* stream);
 };
 
 // _C's table (python/src/ops.cc).

@@ -396,6 +396,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topk(const at::Tensor& wp, const 
   });
 }
 
+at::Tensor sample(const at::Tensor& wp, const at::Tensor& ws, const std::optional<at::Tensor>& wz,
+                  const std::optional<at::Tensor>& cp, const at::Tensor& x, double temperature, int64_t top_k,
+                  double top_p, double min_p, int64_t seed, int64_t offset, c10::string_view scheme, int64_t vocab,
+                  int64_t hidden) {
+  return guarded([&] {
+    const std::string op = "qhead::sample";
+    const Table table = packed_table(op, wp, ws, wz, cp, scheme, vocab, hidden);
+    if (x.dim() != 2) bad(op, "x must be 2-D [M, H], got shape " + sizes_str(x.sizes()));
+    need_contiguous(x, op, "x");
+    if (seed < 0 || offset < 0)
+      bad(op, "seed = " + std::to_string(seed) + " and offset = " + std::to_string(offset) + " must be >= 0");
+    SampleParams p;
+    p.temperature = static_cast<float>(temperature);
+    p.top_k = top_k;
+    p.top_p = static_cast<float>(top_p);
+    p.min_p = static_cast<float>(min_p);
+    p.seed = static_cast<uint64_t>(seed);
+    p.offset = static_cast<uint64_t>(offset);
+    at::Tensor ids = alloc({x.size(0)}, at::kInt, wp.device());
+    api().sample(table, view(x, op, "x"), p, view(ids, op, "ids"), stream_of(table, ids.device()));
+    return ids;
+  });
+}
+
 std::tuple<at::Tensor, at::Tensor> rescore(const at::Tensor& dense, const at::Tensor& x,
                                            const at::Tensor& candidates) {
   return guarded([&] {
@@ -441,6 +465,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_meta(const at::Tensor& wp, c
                          at::empty_symint({m}, wp.options().dtype(at::kFloat)));
 }
 
+at::Tensor sample_meta(const at::Tensor& wp, const at::Tensor&, const std::optional<at::Tensor>&,
+                       const std::optional<at::Tensor>&, const at::Tensor& x, double, int64_t, double, double, int64_t,
+                       int64_t, c10::string_view, int64_t, int64_t) {
+  TORCH_CHECK_VALUE(x.dim() == 2, "qhead::sample: x must be 2-D [M, H], got ", x.dim(), "-D");
+  return at::empty_symint({x.sym_size(0)}, wp.options().dtype(at::kInt));
+}
+
 std::tuple<at::Tensor, at::Tensor> rescore_meta(const at::Tensor& dense, const at::Tensor&,
                                                 const at::Tensor& candidates) {
   TORCH_CHECK_VALUE(candidates.dim() == 2, "qhead::rescore: candidates must be 2-D [M, k]");
@@ -475,6 +506,8 @@ TORCH_LIBRARY(qhead, m) {
   m.def((std::string("embed(") + kTable + ", Tensor ids, " + kKw + ", ScalarType out_dtype) -> Tensor").c_str());
   m.def((std::string("logits(") + kTable + ", Tensor x, " + kKw + ") -> Tensor").c_str());
   m.def((std::string("topk(") + kTable + ", Tensor x, int k, " + kKw + ") -> (Tensor, Tensor, Tensor)").c_str());
+  m.def((std::string("sample(") + kTable + ", Tensor x, float temperature, int top_k, float top_p, float min_p, " +
+         "int seed, int offset, " + kKw + ") -> Tensor").c_str());
   m.def("rescore(Tensor dense, Tensor x, Tensor candidates) -> (Tensor, Tensor)");
   // Internal: qhead.torch implements _raise (raises the qhead.Error of a code) for CPU.
   m.def("_raise(int code, str message) -> ()");
@@ -487,6 +520,7 @@ TORCH_LIBRARY_IMPL(qhead, CPU, m) {
   m.impl("embed", &embed);
   m.impl("logits", &logits);
   m.impl("topk", &topk);
+  m.impl("sample", &sample);
   m.impl("rescore", &rescore);
 }
 
@@ -494,6 +528,7 @@ TORCH_LIBRARY_IMPL(qhead, CUDA, m) {
   m.impl("embed", &embed);
   m.impl("logits", &logits);
   m.impl("topk", &topk);
+  m.impl("sample", &sample);
   m.impl("rescore", &rescore);
 }
 
@@ -501,6 +536,7 @@ TORCH_LIBRARY_IMPL(qhead, Meta, m) {
   m.impl("embed", &embed_meta);
   m.impl("logits", &logits_meta);
   m.impl("topk", &topk_meta);
+  m.impl("sample", &sample_meta);
   m.impl("rescore", &rescore_meta);
 }
 

@@ -50,6 +50,7 @@ cuda_plan::TopkPlan run_topk(const Table&, const TensorView&, int64_t, const Ten
 void rescore(const Table&, const TensorView&, const TensorView&, const TensorView&, const TensorView&) {
   no_cuda("rescore");
 }
+void sample(const Table&, const TensorView&, const SampleParams&, const TensorView&, Backend) { no_cuda("sample"); }
 void gather_columns(const TensorView&, const TensorView&, const TensorView&) { no_cuda("gather_columns"); }
 void scatter_columns(const TensorView&, const TensorView&, const TensorView&) { no_cuda("scatter_columns"); }
 }  // namespace cuda_ops

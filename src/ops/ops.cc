@@ -12,6 +12,7 @@
 #include "qhead/cuda.h"
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops_ref.h"
+#include "ops/sample_host.h"
 #include "qhead/error.h"
 
 namespace qhead {
@@ -223,6 +224,25 @@ TopK topk(const Table& table, const TensorView& x, int64_t k) {
   TopK r{alloc(table, DType::kF32, {m, k}), alloc(table, DType::kI32, {m, k}), alloc(table, DType::kF32, {m})};
   topk(table, x, k, r.values.view(), r.ids.view(), r.logsumexp.view());
   return r;
+}
+
+void sample(const Table& table, const TensorView& x, const SampleParams& params, const TensorView& ids,
+            Backend backend) {
+  const char* op = "sample";
+  check_table(table, op);
+  check_x(table, x, op);
+  sampling::check_params(params, table.vocab());
+  check_out(ids, table.device(), DType::kI32, {x.size(0)}, op, "ids");
+  if (table.has_col_perm()) return sample(table.stored_order(), permuted_x(table, x).view(), params, ids, backend);
+  if (table.device() == Device::kCUDA) return cuda_turn(cuda_ops::sample, table, x, params, ids, backend);
+  sampling::run_cpu(table, x, params, ids, backend);
+}
+
+Tensor sample(const Table& table, const TensorView& x, const SampleParams& params) {
+  check_dims(x, 2, "sample", "x");
+  Tensor ids = alloc(table, DType::kI32, {x.size(0)});
+  sample(table, x, params, ids.view());
+  return ids;
 }
 
 void rescore(const Table& dense, const TensorView& x, const TensorView& candidates, const TensorView& values,

@@ -25,6 +25,10 @@ void topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
           const TensorView& lse, Backend backend);
 void rescore(const Table& dense, const TensorView& x, const TensorView& candidates, const TensorView& values,
              const TensorView& ids);
+// The sample op (sample.cu): the draws of src/ops/sample.h on the device;
+// arguments checked by ops.cc.
+void sample(const Table& table, const TensorView& x, const SampleParams& params, const TensorView& ids,
+            Backend backend);
 
 // The GPU of this process (the current device, read once), with the real
 // kernels' occupancy.

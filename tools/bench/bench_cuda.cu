@@ -15,7 +15,9 @@
 // through LogitsOverrides: gemv_regring, gemv_staged, gemm_mma_sync,
 // gemm_wgmma, gemm_wgmma_ws), fused_topk (qhead::topk kFused, k = 50, + lse:
 // the fused epilogue where it applies), logits_then_topk (logits into memory,
-// then the separate top-k). Every row names the kernel that ran (`kernel`:
+// then the separate top-k), sample / sample_top_k / sample_top_p (qhead::sample
+// at T = 1 over the whole vocab, with top_k = 50, and at T = 0.7 with
+// top_p = 0.9). Every row names the kernel that ran (`kernel`:
 // the plan, src/cuda/plan.h).
 // L2 (60 MB) is defeated by rotating among enough table copies that they
 // total at least 4× the L2.
@@ -374,6 +376,31 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
               topk_plan.describe());
       rows.back().kernel = std::string(cuda_plan::topk_path_name(topk_plan.path)) + ":" +
                            cuda_plan::logits_kernel_name(topk_plan.main.kernel);
+      // The sample op: T = 1 over the whole vocab (logits, then Gumbel-max
+      // over column slices), T = 1 with top_k = 50 (the fused top-k, then
+      // the draw) and T = 0.7 with top_p = 0.9 (logits, scaled, slice
+      // selection of 1024 candidates, then the draw).
+      Tensor sid = cuda::empty(DType::kI32, {M});
+      struct SampleCase {
+        const char* path;
+        SampleParams p;
+        const char* what;
+      };
+      SampleParams full, topk50, nucleus;
+      topk50.top_k = std::min<int64_t>(50, V);
+      nucleus.temperature = 0.7f;
+      nucleus.top_p = 0.9f;
+      for (const SampleCase& sc : {SampleCase{"sample", full, "T = 1, whole vocab: logits + Gumbel-max"},
+                                   SampleCase{"sample_top_k", topk50, "T = 1, top_k = 50: fused top-k + draw"},
+                                   SampleCase{"sample_top_p", nucleus,
+                                              "T = 0.7, top_p = 0.9: logits, 1024 candidates + draw"}}) {
+        SampleParams p = sc.p;
+        const double us = median_us([&](int i) {
+          p.offset = uint64_t(i);
+          sample(tables[size_t(i) % tables.size()], x.view(), p, sid.view());
+        }, reps);
+        add(sc.path, us, double(table_bytes), dense_us, std::string("qhead::sample ") + sc.what);
+      }
     }
   }
   QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));

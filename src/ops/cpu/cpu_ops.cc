@@ -18,6 +18,7 @@
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/thread_pool.h"
 #include "ops/ops_ref.h"
+#include "ops/sample.h"
 #include "qhead/error.h"
 #include "core/parallel.h"
 
@@ -159,13 +160,42 @@ const KernelTable* active_kernels() { return kernels(); }
 
 namespace {
 
-// The active kernels can run the int8 mode on this CPU.
-bool int8_runnable(const KernelTable* k) {
+// The VNNI int8 kernel of k can run on this CPU.
+bool vnni_runnable(const KernelTable* k) {
   if (k == nullptr || k->logits_block_int8 == nullptr) return false;
   return k->int8_vnni == 1 ? features().avx512_vnni : k->int8_vnni == 2 ? features().avx_vnni : false;
 }
 
+// The active kernels can run the int8 mode on this CPU (every ISA path has
+// the vpmaddubsw kernel).
+bool int8_runnable(const KernelTable* k) {
+  return k != nullptr && (k->logits_block_int8_madd != nullptr || vnni_runnable(k));
+}
+
+std::atomic<int> g_int8_dot{0};  // Int8Dot
+
 }  // namespace
+
+void set_int8_dot(Int8Dot d) {
+  if (d == Int8Dot::kVnni && !vnni_runnable(kernels()))
+    throw Error(ErrorCode::kUnsupported, "set_int8_dot",
+                std::string("the ") + cpu_isa_name(active_cpu_isa()) + " path has no VNNI int8 kernel on this CPU");
+  g_int8_dot.store(static_cast<int>(d), std::memory_order_relaxed);
+}
+
+Int8Dot int8_dot() {
+  const auto d = static_cast<Int8Dot>(g_int8_dot.load(std::memory_order_relaxed));
+  if (d != Int8Dot::kAuto) return d;
+  return vnni_runnable(kernels()) ? Int8Dot::kVnni : Int8Dot::kMaddubs;
+}
+
+const char* int8_dot_name(Int8Dot d) {
+  switch (d) {
+    case Int8Dot::kVnni: return "vnni";
+    case Int8Dot::kMaddubs: return "maddubs";
+    default: return "auto";
+  }
+}
 }  // namespace cpu
 
 bool cpu_int8_available() { return cpu::int8_runnable(cpu::kernels()); }
@@ -333,12 +363,14 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
 struct PreparedX {
   const KernelTable* k = nullptr;
   bool int8 = false;
+  bool vnni = false;  // int8 through VNNI vpdpbusd (else vpmaddubsw + vpmaddwd)
   std::vector<float> xp;  // exact
   Int8Acts i8;            // int8
   int64_t scratch_floats = 0;
 
   PreparedX(const TensorView& x, const PackedArgs& a, const KernelTable* kt) : k(kt) {
     int8 = cpu_activations() == CpuActivations::kInt8 && int8_runnable(kt);
+    vnni = int8 && int8_dot() == Int8Dot::kVnni && vnni_runnable(kt);
     if (int8)
       i8 = prepare_x_int8(x, a, *kt);
     else
@@ -347,7 +379,7 @@ struct PreparedX {
   }
   void block(const PackedArgs& a, int64_t m, int64_t r0, int64_t r1, float* out, int64_t ldo, float* scratch) const {
     if (int8)
-      k->logits_block_int8(a, i8.view, m, r0, r1, out, ldo, scratch);
+      (vnni ? k->logits_block_int8 : k->logits_block_int8_madd)(a, i8.view, m, r0, r1, out, ldo, scratch);
     else
       k->logits_block(a, xp.data(), m, r0, r1, out, ldo, scratch);
   }
@@ -396,7 +428,7 @@ bool logits(const Table& table, const TensorView& x, const TensorView& out) {
 }
 
 bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
-          const TensorView& lse) {
+          const TensorView& lse, float inv_temperature) {
   const KernelTable* kt = kernels();
   PackedArgs a;
   if (kt == nullptr || !packed_args(table, a)) return false;
@@ -426,6 +458,9 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
     }
     const int64_t r0 = b * kBlockRows, r1 = std::min(v, r0 + kBlockRows), n = r1 - r0;
     px.block(a, m, r0, r1, t.buf.data(), kBlockRows, t.scratch.data());
+    if (inv_temperature != 1.0f)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) t.buf[static_cast<size_t>(i * kBlockRows + j)] *= inv_temperature;
     for (int64_t i = 0; i < m; ++i) {
       const float* l = t.buf.data() + i * kBlockRows;
       const size_t si = static_cast<size_t>(i);
@@ -477,6 +512,61 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
       ids.ptr<int32_t>()[i * k + j] = all[static_cast<size_t>(j)].id;
     }
     lse.ptr<float>()[i] = static_cast<float>(mx + std::log(sum));
+  }
+  return true;
+}
+
+bool sample_gumbel(const Table& table, const TensorView& x, float inv_temperature, uint64_t seed, uint64_t offset,
+                   const TensorView& ids) {
+  const KernelTable* kt = kernels();
+  PackedArgs a;
+  if (kt == nullptr || !packed_args(table, a)) return false;
+  const int64_t m = x.size(0), v = a.vocab;
+  if (m == 0) return true;
+  const PreparedX px(x, a, kt);
+  auto p = pool();
+  // Per thread: a [M, kBlockRows] logits buffer and each row's best
+  // (perturbed value, id). The noise of a column depends on (seed, offset,
+  // row, column) only, so the result does not depend on the thread count.
+  struct PerThread {
+    std::vector<float> scratch, buf;
+    std::vector<Cand> best;
+  };
+  std::vector<PerThread> st(static_cast<size_t>(p->size()));
+  p->run(n_blocks(v), [&](int64_t b, int w) {
+    PerThread& t = st[static_cast<size_t>(w)];
+    if (t.buf.empty()) {
+      t.scratch.resize(static_cast<size_t>(px.scratch_floats));
+      t.buf.resize(static_cast<size_t>(m * kBlockRows));
+      t.best.assign(static_cast<size_t>(m), Cand{-std::numeric_limits<float>::infinity(), -1});
+    }
+    const int64_t r0 = b * kBlockRows, r1 = std::min(v, r0 + kBlockRows), n = r1 - r0;
+    px.block(a, m, r0, r1, t.buf.data(), kBlockRows, t.scratch.data());
+    for (int64_t i = 0; i < m; ++i) {
+      const float* l = t.buf.data() + i * kBlockRows;
+      Cand& best = t.best[static_cast<size_t>(i)];
+      int64_t have = -1;  // the column group whose four words `words` holds
+      sampling::Philox4 words{};
+      for (int64_t j = 0; j < n; ++j) {
+        const float z = l[j] * inv_temperature;
+        if (z + sampling::kGumbelBound < best.value) continue;  // no noise can lift it to the best
+        const int64_t col = r0 + j;
+        if (col / 4 != have) {
+          have = col / 4;
+          words = sampling::gumbel_words(seed, offset, static_cast<uint32_t>(i), static_cast<uint32_t>(have));
+        }
+        const Cand c{z + sampling::gumbel(words.v[col % 4]), static_cast<int32_t>(col)};
+        if (better(c, best) || best.id < 0) best = c;
+      }
+    }
+  }, sched());
+  for (int64_t i = 0; i < m; ++i) {
+    Cand best{-std::numeric_limits<float>::infinity(), -1};
+    for (const auto& t : st)
+      if (!t.best.empty() && t.best[static_cast<size_t>(i)].id >= 0 &&
+          (best.id < 0 || better(t.best[static_cast<size_t>(i)], best)))
+        best = t.best[static_cast<size_t>(i)];
+    ids.ptr<int32_t>()[i] = best.id;
   }
   return true;
 }

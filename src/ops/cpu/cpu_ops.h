@@ -12,12 +12,29 @@
 namespace qhead::cpu {
 
 struct KernelTable;
+
+// The integer dot product of the int8-activation mode: kAuto takes VNNI
+// vpdpbusd where the active ISA path and the CPU have it, else vpmaddubsw +
+// vpmaddwd; the others force one (tests, benchmarks; both give the same
+// results bit for bit). set_int8_dot(kVnni) throws Error(kUnsupported)
+// where VNNI cannot run. Process-wide; call it between ops.
+enum class Int8Dot { kAuto, kVnni, kMaddubs };
+void set_int8_dot(Int8Dot d);
+Int8Dot int8_dot();  // what the int8 mode runs now (never kAuto)
+const char* int8_dot_name(Int8Dot d);  // "auto", "vnni", "maddubs"
 // The kernels kAuto runs now (null: the reference). For the benchmark.
 const KernelTable* active_kernels();
 
 bool logits(const Table& table, const TensorView& x, const TensorView& out);
+// inv_temperature: the top-k and log-sum-exp of the logits times it (the
+// sample op's l / T; 1: the logits).
 bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
-          const TensorView& lse);
+          const TensorView& lse, float inv_temperature = 1.0f);
+// The sample op's untruncated draw (Gumbel-max, src/ops/sample.h), fused
+// into the logits pass: ids[m] = argmax_v l[m, v]·inv_temperature + G(m, v)
+// (ties: lower id); ids I32 [M].
+bool sample_gumbel(const Table& table, const TensorView& x, float inv_temperature, uint64_t seed, uint64_t offset,
+                   const TensorView& ids);
 bool embed(const Table& table, const TensorView& ids, const TensorView& out);
 bool rescore(const Table& dense, const TensorView& x, const TensorView& candidates, const TensorView& values,
              const TensorView& ids);

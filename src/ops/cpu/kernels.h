@@ -108,14 +108,18 @@ struct KernelTable {
   void (*logits_block)(const PackedArgs& a, const float* xp, int64_t m, int64_t r0, int64_t r1,
                        float* out, int64_t ldo, float* scratch);
   // The int8-activation mode (qhead::CpuActivations::kInt8): as
-  // logits_block, with x given as Int8X and the dot products in integers
-  // (VNNI): per lane Σ (c - zc)·q exactly in int32, then scaled by
-  // s_b · s_g in f32. Null when this ISA build has no such kernel; usable
-  // only when CPUID reports `int8_vnni` (1: AVX512_VNNI, 2: AVX_VNNI).
+  // logits_block, with x given as Int8X and the dot products in integers:
+  // per lane Σ (c - zc)·q exactly in int32, then scaled by s_b · s_g in
+  // f32. logits_block_int8 uses VNNI vpdpbusd: null when this ISA build has
+  // none, usable only when CPUID reports `int8_vnni` (1: AVX512_VNNI, 2:
+  // AVX_VNNI); logits_block_int8_madd uses vpmaddubsw + vpmaddwd and runs
+  // wherever the ISA does. Both give the same results bit for bit.
   // scratch: at least 2 * kBlockRows * G + 2 * lanes floats.
   void (*logits_block_int8)(const PackedArgs& a, const Int8X& x, int64_t m, int64_t r0, int64_t r1, float* out,
                             int64_t ldo, float* scratch);
   int int8_vnni;
+  void (*logits_block_int8_madd)(const PackedArgs& a, const Int8X& x, int64_t m, int64_t r0, int64_t r1,
+                                 float* out, int64_t ldo, float* scratch);
   // Row r dequantized into out[H] (natural order), exactly as the reference:
   // w = float(q - z) * s.
   void (*dequant_row)(const PackedArgs& a, int64_t r, float* out);

@@ -503,189 +503,97 @@ void logits_block(const PackedArgs& a, const float* xp, int64_t m, int64_t r0, i
 //
 // x is quantized per block of 32 elements to int8 (cpu_ops.cc
 // prepare_x_int8: s_b = max|x|/127, q = rint(x/s_b), so |x - s_b·q| <= s_b/2);
-// the packed codes c (unsigned, as stored) are multiplied by q with the VNNI
-// instruction vpdpbusd (unsigned bytes × signed bytes, four products summed
-// into each int32 lane, no saturation), and the zero point is taken off in
-// the same integers: each lane's accumulator starts at -zc·Σq (Σq per lane is
-// prepared with x), so the lane holds Σ (c - zc)·q EXACTLY (|.| < 2^19).
-// Only then does f32 arithmetic start: acc += float(lane) · (s_b · s_g).
-// The result is Σ_j x̂_j · w_j with x̂ = s_b·q, computed with a handful of
-// roundings per term — the f32 bound γ_H Σ|x̂·w| holds — so the extra error
-// of this mode is exactly that of replacing x by x̂: Σ_j |w_j|·|x_j - x̂_j|
-// <= Σ_j |w_j| · s_b(j)/2 (tests/test_cpu_kernels.cc checks this bound).
+// the packed codes c (unsigned, as stored) are multiplied by q in integers,
+// four products summed into each int32 lane with no saturation, and the
+// zero point is taken off in the same integers: each lane's accumulator
+// starts at -zc·Σq (Σq per lane is prepared with x), so the lane holds
+// Σ (c - zc)·q EXACTLY (|.| < 2^19). Only then does f32 arithmetic start:
+// acc += float(lane) · (s_b · s_g). The result is Σ_j x̂_j · w_j with
+// x̂ = s_b·q, computed with a handful of roundings per term — the f32 bound
+// γ_H Σ|x̂·w| holds — so the extra error of this mode is exactly that of
+// replacing x by x̂: Σ_j |w_j|·|x_j - x̂_j| <= Σ_j |w_j| · s_b(j)/2
+// (tests/test_cpu_kernels.cc checks this bound).
 //
+// Two integer dot products, the same integers and so the same results bit
+// for bit (tests/test_cpu_kernels.cc, Int8DotProductsAgree):
+//   int8_vnni  VNNI vpdpbusd (AVX512_VNNI on the avx512 path, AVX-VNNI on the
+//              avx2 path), where CPUID reports it;
+//   int8_madd  vpmaddubsw (pairs of u8·s8 products into int16) + vpmaddwd
+//              (pairs of those into int32), on every AVX2 / AVX-512BW CPU.
+//              4-bit codes are < 16, so a pair sum is at most 2·15·127 = 3810:
+//              no saturation. 8-bit codes are split into nibbles,
+//              c = 16·hi + lo, each nibble's pairs summed as above and the
+//              high ones weighted by 16 in vpmaddwd (int32, exact).
 // The VNNI instructions are enabled per function (target attribute), not
-// for the TU: the exact kernels of this file must still run on CPUs
-// without VNNI. Everything the int8 kernel calls is inlined into it.
+// for the TU: the other kernels of this file must still run on CPUs
+// without VNNI. Everything an int8 kernel calls is inlined into it.
 #if defined(QHEAD_ISA_AVX512)
-#define QHEAD_INT8_TARGET __attribute__((target("avx512vnni")))
-constexpr int kInt8Vnni = 1;  // AVX512_VNNI
-QHEAD_INT8_TARGET inline VI dpbusd(VI acc, VI u8, VI s8) { return _mm512_dpbusd_epi32(acc, u8, s8); }
 inline VI vload_i(const void* p) { return _mm512_loadu_si512(p); }
 // The first n bytes at p (n a multiple of 4, <= 4·W), zeros after; reads nothing past them.
 inline VI vload_bytes_partial(const uint8_t* p, int64_t n) {
   return _mm512_maskz_loadu_epi8(n >= 64 ? ~0ull : (1ull << n) - 1ull, p);
 }
 inline VI vand_i(VI a, VI b) { return _mm512_and_si512(a, b); }
+inline VI vadd_i(VI a, VI b) { return _mm512_add_epi32(a, b); }
 inline VI vsrl16_4(VI a) { return _mm512_srli_epi16(a, 4); }
 inline VI vset_i8(char c) { return _mm512_set1_epi8(c); }
+inline VI vset_i16(short c) { return _mm512_set1_epi16(c); }
 inline VI vmadd16(VI a, VI b) { return _mm512_madd_epi16(a, b); }
+inline VI vmaddubs(VI u, VI s) { return _mm512_maddubs_epi16(u, s); }
 inline VF vperm_f(VF v, VI idx) { return _mm512_permutexvar_ps(idx, v); }
 inline VI vcvt_i(VF v) { return _mm512_cvtps_epi32(v); }
 template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 4 : MB == 2 ? 4 : MB == 4 ? 3 : 2;
-#elif (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
-#define QHEAD_INT8_TARGET __attribute__((target("avxvnni")))
-constexpr int kInt8Vnni = 2;  // AVX_VNNI (the VEX form)
-QHEAD_INT8_TARGET inline VI dpbusd(VI acc, VI u8, VI s8) { return _mm256_dpbusd_avx_epi32(acc, u8, s8); }
+#define QHEAD_VNNI_TARGET __attribute__((target("avx512vnni")))
+#define QHEAD_VNNI_DPBUSD _mm512_dpbusd_epi32
+constexpr int kInt8Vnni = 1;  // AVX512_VNNI
+#else
 inline VI vload_i(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
 inline VI vload_bytes_partial(const uint8_t* p, int64_t n) {
   const VI lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   return _mm256_maskload_epi32(reinterpret_cast<const int*>(p), _mm256_cmpgt_epi32(vset_i(static_cast<int>(n / 4)), lane));
 }
 inline VI vand_i(VI a, VI b) { return _mm256_and_si256(a, b); }
+inline VI vadd_i(VI a, VI b) { return _mm256_add_epi32(a, b); }
 inline VI vsrl16_4(VI a) { return _mm256_srli_epi16(a, 4); }
 inline VI vset_i8(char c) { return _mm256_set1_epi8(c); }
+inline VI vset_i16(short c) { return _mm256_set1_epi16(c); }
 inline VI vmadd16(VI a, VI b) { return _mm256_madd_epi16(a, b); }
+inline VI vmaddubs(VI u, VI s) { return _mm256_maddubs_epi16(u, s); }
 inline VF vperm_f(VF v, VI idx) { return _mm256_permutevar8x32_ps(v, idx); }
 inline VI vcvt_i(VF v) { return _mm256_cvtps_epi32(v); }
 template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 2 : MB == 2 ? 2 : 1;
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+#define QHEAD_VNNI_TARGET __attribute__((target("avxvnni")))
+#define QHEAD_VNNI_DPBUSD _mm256_dpbusd_avx_epi32
+constexpr int kInt8Vnni = 2;  // AVX_VNNI (the VEX form)
 #else
-#define QHEAD_NO_INT8_KERNEL 1  // a compiler without AVX-VNNI intrinsics: the AVX2 path has no int8 mode
+constexpr int kInt8Vnni = 0;  // a compiler without AVX-VNNI intrinsics: the avx2 path has int8_madd only
 #endif
-#if !defined(QHEAD_NO_INT8_KERNEL)
+#endif
 
-// One chunk k of the RT consecutive rows at p0 (row stride rb) against the
-// activation rows m0 .. m0+MB-1, into acc. sc / zc: the tile's scales and
-// zero codes (row stride G), readable W floats past the tile's last value.
-// PARTIAL: the row's last chunk is short (x.tail_bytes): its bytes are read
-// with a mask, nothing past the row. PF: prefetch pf's share of this chunk.
-template <int BITS, int RT, int MB, bool SYM, bool PARTIAL, bool PF>
-QHEAD_INT8_TARGET __attribute__((always_inline)) inline void int8_chunk(VF (&acc)[RT][MB], const uint8_t* p0,
-                                                                        int64_t rb, const float* sc, const float* zc,
-                                                                        int64_t G, const Int8X& x, int64_t m0,
-                                                                        int64_t k, const uint8_t* pf) {
-  constexpr int CB = 4 * W;                      // packed bytes per chunk and row
-  constexpr int CE = BITS == 4 ? 8 * W : 4 * W;  // elements per chunk
+#if defined(QHEAD_VNNI_TARGET)
+namespace int8_vnni {
+#define QHEAD_INT8_TARGET QHEAD_VNNI_TARGET
+QHEAD_INT8_TARGET __attribute__((always_inline)) inline VI dot4(VI acc, VI u, VI s) { return QHEAD_VNNI_DPBUSD(acc, u, s); }
+QHEAD_INT8_TARGET __attribute__((always_inline)) inline VI dot8(VI acc, VI u, VI s) { return QHEAD_VNNI_DPBUSD(acc, u, s); }
+#include "ops/cpu/kernels_int8.h"
+#undef QHEAD_INT8_TARGET
+}  // namespace int8_vnni
+#endif
+
+namespace int8_madd {
+#define QHEAD_INT8_TARGET
+__attribute__((always_inline)) inline VI dot4(VI acc, VI u, VI s) {
+  return vadd_i(acc, vmadd16(vmaddubs(u, s), vset_i16(1)));
+}
+__attribute__((always_inline)) inline VI dot8(VI acc, VI u, VI s) {
   const VI nib = vset_i8(0x0F);
-  const VI gi = vload_i(x.gidx + k * W);
-  const int64_t g0 = x.g0[k];
-  VI u0[RT], u1[RT], zl[RT];
-  VF sg[RT];
-  QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
-    const uint8_t* q = p0 + r * rb + k * CB;
-    if constexpr (PF) _mm_prefetch(reinterpret_cast<const char*>(pf + k * CB * RT + r * CB), _MM_HINT_T0);
-    VI b;
-    if constexpr (PARTIAL)
-      b = vload_bytes_partial(q, x.tail_bytes);
-    else
-      b = vload_i(q);
-    if constexpr (BITS == 4) {
-      u0[r] = vand_i(b, nib);            // low nibbles: the chunk's even elements
-      u1[r] = vand_i(vsrl16_4(b), nib);  // high nibbles: the odd ones
-    } else {
-      u0[r] = b;
-    }
-    sg[r] = vperm_f(vload(sc + r * G + g0), gi);  // each lane's weight scale s_g
-    if constexpr (!SYM)  // (-zc) in the low 16 bits of each lane, 0 above: vpmaddwd's operand
-      zl[r] = vand_i(vsub_i(vzero_i(), vcvt_i(vperm_f(vload(zc + r * G + g0), gi))), vset_i(0xFFFF));
-  }
-  const int64_t at = k * x.m + m0;  // this chunk's data of activation row m0; rows m0+1.. follow
-  const int8_t* xq = x.q + at * CE;
-  const float* xs = x.sx + at * W;
-  const int32_t* xt = (SYM ? x.nt : x.t) + at * W;
-  QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
-    VI xe = vload_i(xq + m * CE);
-    VI xo = xe;
-    if constexpr (BITS == 4) xo = vload_i(xq + m * CE + CB);
-    VF sx = vload(xs + m * W);
-    VI t = vload_i(xt + m * W);
-    // Keep them in registers: GCC would otherwise fold them into each row's
-    // instruction as memory operands and the loads, not the ALUs, would bound
-    // the M = 8 tile.
-    __asm__("" : "+v"(xe), "+v"(xo), "+v"(sx), "+v"(t));
-    QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
-      // Start at -zc·Σq: symmetric, prepared with x; asymmetric, Σq (|.| <= 1016)
-      // times -zc (>= -255) in 16-bit lanes, exact.
-      VI d = SYM ? t : vmadd16(t, zl[r]);
-      d = dpbusd(d, u0[r], xe);
-      if constexpr (BITS == 4) d = dpbusd(d, u1[r], xo);
-      acc[r][m] = vfma(vcvt(d), vmul(sx, sg[r]), acc[r][m]);
-    }
-  }
+  const VI lo = vand_i(u, nib), hi = vand_i(vsrl16_4(u), nib);
+  return vadd_i(vadd_i(acc, vmadd16(vmaddubs(lo, s), vset_i16(1))), vmadd16(vmaddubs(hi, s), vset_i16(16)));
 }
-
-// res[r·MB + m] for the RT consecutive rows at p0 and activation rows m0 ..
-template <int BITS, int RT, int MB, bool SYM, bool PF>
-QHEAD_INT8_TARGET inline void micro_int8(const uint8_t* p0, int64_t rb, const float* sc, const float* zc, int64_t G,
-                                         const Int8X& x, int64_t m0, float* res, const uint8_t* pf) {
-  VF acc[RT][MB];
-  QHEAD_UNROLL for (int r = 0; r < RT; ++r)
-    QHEAD_UNROLL for (int m = 0; m < MB; ++m) acc[r][m] = vzero();
-  const bool partial = x.tail_bytes != 4 * W;
-  const int64_t full = x.nch - (partial ? 1 : 0);
-  for (int64_t k = 0; k < full; ++k) int8_chunk<BITS, RT, MB, SYM, false, PF>(acc, p0, rb, sc, zc, G, x, m0, k, pf);
-  if (partial) int8_chunk<BITS, RT, MB, SYM, true, PF>(acc, p0, rb, sc, zc, G, x, m0, full, pf);
-  QHEAD_UNROLL for (int r = 0; r < RT; ++r)
-    QHEAD_UNROLL for (int m = 0; m < MB; ++m) res[r * MB + m] = vsum(acc[r][m]);
-}
-
-template <int BITS, int MB, bool SYM>
-QHEAD_INT8_TARGET void rows_int8(const PackedArgs& a, const Int8X& x, int64_t m0, int64_t r0, int64_t n,
-                                 const float* sc, const float* zc, float* out, int64_t ldo) {
-  constexpr int RT = kRowTileInt8<MB>;
-  const int64_t G = a.groups;
-  const int64_t pf = m0 == 0 ? a.prefetch_bytes : 0;
-  float res[RT * MB];
-  int64_t i = 0;
-  for (; i + RT <= n; i += RT) {
-    const uint8_t* p = a.packed + (r0 + i) * a.row_bytes;
-    if (pf)
-      micro_int8<BITS, RT, MB, SYM, true>(p, a.row_bytes, sc + i * G, zc + i * G, G, x, m0, res, p + pf);
-    else
-      micro_int8<BITS, RT, MB, SYM, false>(p, a.row_bytes, sc + i * G, zc + i * G, G, x, m0, res, nullptr);
-    for (int r = 0; r < RT; ++r)
-      for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i + r] = res[r * MB + m];
-  }
-  for (; i < n; ++i) {
-    const uint8_t* p = a.packed + (r0 + i) * a.row_bytes;
-    micro_int8<BITS, 1, MB, SYM, true>(p, a.row_bytes, sc + i * G, zc + i * G, G, x, m0, res, p + pf);
-    for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i] = res[m];
-  }
-}
-
-template <int BITS, bool SYM>
-QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, int64_t m_total, int64_t r0,
-                                           int64_t r1, float* out, int64_t ldo, float* scratch) {
-  const int64_t n = r1 - r0;
-  float* sc = scratch;
-  float* zc = scratch + kBlockRows * a.groups + W;  // W floats of slack after each (the kernel reads past)
-  prefetch_next_scales(a, r1);
-  load_scales(a, r0, n, sc);
-  if constexpr (!SYM) load_zero_codes(a, r0, n, zc);
-  for (int64_t m = 0; m < m_total;) {
-    const int64_t mb = m_block(m_total - m);
-    switch (mb) {
-      case 8: rows_int8<BITS, 8, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
-      case 4: rows_int8<BITS, 4, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
-      case 2: rows_int8<BITS, 2, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
-      default: rows_int8<BITS, 1, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
-    }
-    m += mb;
-  }
-}
-
-QHEAD_INT8_TARGET void logits_block_int8(const PackedArgs& a, const Int8X& x, int64_t m, int64_t r0, int64_t r1,
-                                         float* out, int64_t ldo, float* scratch) {
-  const bool sym = a.zero_point == nullptr;
-  if (a.bits == 4)
-    sym ? logits_block_int8_t<4, true>(a, x, m, r0, r1, out, ldo, scratch)
-        : logits_block_int8_t<4, false>(a, x, m, r0, r1, out, ldo, scratch);
-  else
-    sym ? logits_block_int8_t<8, true>(a, x, m, r0, r1, out, ldo, scratch)
-        : logits_block_int8_t<8, false>(a, x, m, r0, r1, out, ldo, scratch);
-}
-
-#endif  // !QHEAD_NO_INT8_KERNEL
+#include "ops/cpu/kernels_int8.h"
+#undef QHEAD_INT8_TARGET
+}  // namespace int8_madd
 
 // ---- gather ------------------------------------------------------------------------
 
@@ -867,15 +775,15 @@ uint64_t read_sum(const void* p, int64_t bytes, int64_t prefetch) {
 
 }  // namespace
 
-#if defined(QHEAD_NO_INT8_KERNEL)
-constexpr auto* kLogitsInt8 = static_cast<decltype(KernelTable::logits_block_int8)>(nullptr);
-constexpr int kInt8Vnni = 0;
+#if defined(QHEAD_VNNI_TARGET)
+constexpr auto* kLogitsInt8 = &int8_vnni::logits_block_int8;
 #else
-constexpr auto* kLogitsInt8 = &logits_block_int8;
+constexpr auto* kLogitsInt8 = static_cast<decltype(KernelTable::logits_block_int8)>(nullptr);
 #endif
 
 const KernelTable kTable = {
     QHEAD_ISA_NAME, Deq4::CE, Deq8::CE, 8 * W, 4 * W, &logits_block, kLogitsInt8, kInt8Vnni,
+    &int8_madd::logits_block_int8,
     &dequant_row, &topk_block, &dot_dense, &fma_burn, &read_sum, W,
 };
 

@@ -38,6 +38,7 @@ enum WorkspaceSlot : int {
   kWsTopkLevels,       // the merge levels' candidates (two buffers)
   kWsTopkSample,       // the list top-k's threshold sample: its logits [M, 8192], the thresholds [M]
   kWsEmbedFlag,        // embed's out-of-range flag
+  kWsSample,           // sample's candidates, partial maxima and pending flags
   kWsCount
 };
 // Grow-only scratch buffer `slot` of at least `bytes` (stream-ordered reuse).
@@ -107,6 +108,11 @@ __device__ __forceinline__ void store_out(OutT* p, int64_t i, float v) {
 // ---- dequant.cu ------------------------------------------------------------------------
 // out[M, V] (row stride ldo) = x · Wᵀ by dequantize (when packed) + cuBLAS.
 void gemm_fallback(const Table& table, const TensorView& x, float* out, int64_t ldo);
+
+// ---- ops_cuda.cu -------------------------------------------------------------------------
+// The logits of `plan` into out (row stride ldo).
+void logits_into(const Table& table, const TensorView& x, const cuda_plan::LogitsProblem& problem,
+                 const cuda_plan::LogitsPlan& plan, float* out, int64_t ldo);
 
 // ---- topk_select.cu ----------------------------------------------------------------------
 // Level-0 candidates cand[M, P0, k] and partial sums part[M, P0] → the top-k

@@ -66,16 +66,6 @@ void launch(const LogitsProblem& problem, const LogitsArgs& a, const LogitsPlan&
   }
 }
 
-// Logits of `plan` into out (row stride ldo).
-void logits_into(const Table& table, const TensorView& x, const LogitsProblem& problem, const LogitsPlan& plan,
-                 float* out, int64_t ldo) {
-  if (problem.M == 0 || problem.V == 0) return;
-  if (plan.kernel == LogitsKernel::kCublasFallback) return gemm_fallback(table, x, out, ldo);
-  LogitsArgs a = kernel_args(table, x);
-  a.out = out;
-  a.ldo = ldo;
-  launch(problem, a, plan);
-}
 
 // kPoolEpilogue: the staged kernel keeps per (row, CTA) its best k and
 // (max, Σ exp); the [M, V] logits never reach memory. Then the merge levels.
@@ -130,6 +120,17 @@ void topk_lists(const Table& table, const TensorView& x, const LogitsProblem& pr
 }
 
 }  // namespace
+
+// Logits of `plan` into out (row stride ldo).
+void logits_into(const Table& table, const TensorView& x, const LogitsProblem& problem, const LogitsPlan& plan,
+                 float* out, int64_t ldo) {
+  if (problem.M == 0 || problem.V == 0) return;
+  if (plan.kernel == LogitsKernel::kCublasFallback) return gemm_fallback(table, x, out, ldo);
+  LogitsArgs a = kernel_args(table, x);
+  a.out = out;
+  a.ldo = ldo;
+  launch(problem, a, plan);
+}
 
 // ---- plans -------------------------------------------------------------------------------
 

@@ -1,0 +1,143 @@
+// The int8-activation kernels (internal to kernels_impl.h), included once per
+// integer dot product: inside namespace int8_vnni (VNNI vpdpbusd) and
+// int8_madd (vpmaddubsw + vpmaddwd), each of which defines QHEAD_INT8_TARGET
+// (the function attribute its instructions need, or nothing) and
+// dot4(acc, u, s) / dot8(acc, u, s): acc + the sums of four products of
+// unsigned codes u (< 16 / < 256) and signed activations s per int32 lane,
+// exactly. No include guard: it is meant to be included twice.
+
+// One chunk k of the RT consecutive rows at p0 (row stride rb) against the
+// activation rows m0 .. m0+MB-1, into acc. sc / zc: the tile's scales and
+// zero codes (row stride G), readable W floats past the tile's last value.
+// PARTIAL: the row's last chunk is short (x.tail_bytes): its bytes are read
+// with a mask, nothing past the row. PF: prefetch pf's share of this chunk.
+template <int BITS, int RT, int MB, bool SYM, bool PARTIAL, bool PF>
+QHEAD_INT8_TARGET __attribute__((always_inline)) inline void int8_chunk(VF (&acc)[RT][MB], const uint8_t* p0,
+                                                                        int64_t rb, const float* sc, const float* zc,
+                                                                        int64_t G, const Int8X& x, int64_t m0,
+                                                                        int64_t k, const uint8_t* pf) {
+  constexpr int CB = 4 * W;                      // packed bytes per chunk and row
+  constexpr int CE = BITS == 4 ? 8 * W : 4 * W;  // elements per chunk
+  const VI nib = vset_i8(0x0F);
+  const VI gi = vload_i(x.gidx + k * W);
+  const int64_t g0 = x.g0[k];
+  VI u0[RT], u1[RT], zl[RT];
+  VF sg[RT];
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
+    const uint8_t* q = p0 + r * rb + k * CB;
+    if constexpr (PF) _mm_prefetch(reinterpret_cast<const char*>(pf + k * CB * RT + r * CB), _MM_HINT_T0);
+    VI b;
+    if constexpr (PARTIAL)
+      b = vload_bytes_partial(q, x.tail_bytes);
+    else
+      b = vload_i(q);
+    if constexpr (BITS == 4) {
+      u0[r] = vand_i(b, nib);            // low nibbles: the chunk's even elements
+      u1[r] = vand_i(vsrl16_4(b), nib);  // high nibbles: the odd ones
+    } else {
+      u0[r] = b;
+    }
+    sg[r] = vperm_f(vload(sc + r * G + g0), gi);  // each lane's weight scale s_g
+    if constexpr (!SYM)  // (-zc) in the low 16 bits of each lane, 0 above: vpmaddwd's operand
+      zl[r] = vand_i(vsub_i(vzero_i(), vcvt_i(vperm_f(vload(zc + r * G + g0), gi))), vset_i(0xFFFF));
+  }
+  const int64_t at = k * x.m + m0;  // this chunk's data of activation row m0; rows m0+1.. follow
+  const int8_t* xq = x.q + at * CE;
+  const float* xs = x.sx + at * W;
+  const int32_t* xt = (SYM ? x.nt : x.t) + at * W;
+  QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
+    VI xe = vload_i(xq + m * CE);
+    VI xo = xe;
+    if constexpr (BITS == 4) xo = vload_i(xq + m * CE + CB);
+    VF sx = vload(xs + m * W);
+    VI t = vload_i(xt + m * W);
+    // Keep them in registers: GCC would otherwise fold them into each row's
+    // instruction as memory operands and the loads, not the ALUs, would bound
+    // the M = 8 tile.
+    __asm__("" : "+v"(xe), "+v"(xo), "+v"(sx), "+v"(t));
+    QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
+      // Start at -zc·Σq: symmetric, prepared with x; asymmetric, Σq (|.| <= 1016)
+      // times -zc (>= -255) in 16-bit lanes, exact.
+      VI d = SYM ? t : vmadd16(t, zl[r]);
+      if constexpr (BITS == 4) {
+        d = dot4(d, u0[r], xe);
+        d = dot4(d, u1[r], xo);
+      } else {
+        d = dot8(d, u0[r], xe);
+      }
+      acc[r][m] = vfma(vcvt(d), vmul(sx, sg[r]), acc[r][m]);
+    }
+  }
+}
+
+// res[r·MB + m] for the RT consecutive rows at p0 and activation rows m0 ..
+template <int BITS, int RT, int MB, bool SYM, bool PF>
+QHEAD_INT8_TARGET inline void micro_int8(const uint8_t* p0, int64_t rb, const float* sc, const float* zc, int64_t G,
+                                         const Int8X& x, int64_t m0, float* res, const uint8_t* pf) {
+  VF acc[RT][MB];
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r)
+    QHEAD_UNROLL for (int m = 0; m < MB; ++m) acc[r][m] = vzero();
+  const bool partial = x.tail_bytes != 4 * W;
+  const int64_t full = x.nch - (partial ? 1 : 0);
+  for (int64_t k = 0; k < full; ++k) int8_chunk<BITS, RT, MB, SYM, false, PF>(acc, p0, rb, sc, zc, G, x, m0, k, pf);
+  if (partial) int8_chunk<BITS, RT, MB, SYM, true, PF>(acc, p0, rb, sc, zc, G, x, m0, full, pf);
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r)
+    QHEAD_UNROLL for (int m = 0; m < MB; ++m) res[r * MB + m] = vsum(acc[r][m]);
+}
+
+template <int BITS, int MB, bool SYM>
+QHEAD_INT8_TARGET void rows_int8(const PackedArgs& a, const Int8X& x, int64_t m0, int64_t r0, int64_t n,
+                                 const float* sc, const float* zc, float* out, int64_t ldo) {
+  constexpr int RT = kRowTileInt8<MB>;
+  const int64_t G = a.groups;
+  const int64_t pf = m0 == 0 ? a.prefetch_bytes : 0;
+  float res[RT * MB];
+  int64_t i = 0;
+  for (; i + RT <= n; i += RT) {
+    const uint8_t* p = a.packed + (r0 + i) * a.row_bytes;
+    if (pf)
+      micro_int8<BITS, RT, MB, SYM, true>(p, a.row_bytes, sc + i * G, zc + i * G, G, x, m0, res, p + pf);
+    else
+      micro_int8<BITS, RT, MB, SYM, false>(p, a.row_bytes, sc + i * G, zc + i * G, G, x, m0, res, nullptr);
+    for (int r = 0; r < RT; ++r)
+      for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i + r] = res[r * MB + m];
+  }
+  for (; i < n; ++i) {
+    const uint8_t* p = a.packed + (r0 + i) * a.row_bytes;
+    micro_int8<BITS, 1, MB, SYM, true>(p, a.row_bytes, sc + i * G, zc + i * G, G, x, m0, res, p + pf);
+    for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i] = res[m];
+  }
+}
+
+template <int BITS, bool SYM>
+QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, int64_t m_total, int64_t r0,
+                                           int64_t r1, float* out, int64_t ldo, float* scratch) {
+  const int64_t n = r1 - r0;
+  float* sc = scratch;
+  float* zc = scratch + kBlockRows * a.groups + W;  // W floats of slack after each (the kernel reads past)
+  prefetch_next_scales(a, r1);
+  load_scales(a, r0, n, sc);
+  if constexpr (!SYM) load_zero_codes(a, r0, n, zc);
+  for (int64_t m = 0; m < m_total;) {
+    const int64_t mb = m_block(m_total - m);
+    switch (mb) {
+      case 8: rows_int8<BITS, 8, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
+      case 4: rows_int8<BITS, 4, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
+      case 2: rows_int8<BITS, 2, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
+      default: rows_int8<BITS, 1, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
+    }
+    m += mb;
+  }
+}
+
+QHEAD_INT8_TARGET void logits_block_int8(const PackedArgs& a, const Int8X& x, int64_t m, int64_t r0, int64_t r1,
+                                         float* out, int64_t ldo, float* scratch) {
+  const bool sym = a.zero_point == nullptr;
+  if (a.bits == 4)
+    sym ? logits_block_int8_t<4, true>(a, x, m, r0, r1, out, ldo, scratch)
+        : logits_block_int8_t<4, false>(a, x, m, r0, r1, out, ldo, scratch);
+  else
+    sym ? logits_block_int8_t<8, true>(a, x, m, r0, r1, out, ldo, scratch)
+        : logits_block_int8_t<8, false>(a, x, m, r0, r1, out, ldo, scratch);
+}
+
