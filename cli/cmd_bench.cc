@@ -324,6 +324,10 @@ int run_bench(const BenchArgs& a) {
     if (a.device != "cuda") bad("--act is for --device cuda (the CPU bench takes f32 activations)");
     cfg.act = a.act;
   }
+  if (!a.isa.empty()) {
+    if (a.device != "cpu") bad("--isa is for --device cpu");
+    cfg.isa = a.isa;
+  }
   if (!a.m.empty()) {
     cfg.m.clear();
     for (const auto& s : split(a.m, ',')) cfg.m.push_back(parse_positive(s, "--m"));

@@ -136,6 +136,9 @@ int run(int argc, char** argv) {
   bench->add_option("--act", ba.act,
                     "CUDA: activation dtype, also the scales' and the dense baseline's: f16 (default) | bf16")
       ->check(CLI::IsMember({"f16", "bf16"}));
+  bench->add_option("--isa", ba.isa,
+                    "CPU: the kernels' ISA path, auto (default: the best this CPU has) | avx2 | avx512 | reference")
+      ->check(CLI::IsMember({"auto", "avx2", "avx512", "reference"}));
   bench->add_flag("--json", ba.json, "a JSON array, one object per (shape, scheme, m, path)");
   bench->add_option("--tp", ba.tp,
                     "CUDA: shard the table by vocab rows over N GPUs (one process each, NCCL) and time the sharded "

@@ -28,6 +28,7 @@ import hashlib
 import heapq
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -285,7 +286,16 @@ def load(ref: ModelRef, dtype: Any = None):
             kind = _gguf_tokenizer_model(ref.path)
             with open(os.path.join(tmp, "qhead_source.json"), "w") as fh:
                 json.dump({"gguf": os.path.basename(ref.path), "tokenizer_model": kind}, fh)
-            os.replace(tmp, d)
+            try:
+                os.replace(tmp, d)
+            except OSError:
+                if os.path.isfile(os.path.join(d, "config.json")):  # another process finished first
+                    shutil.rmtree(tmp, ignore_errors=True)
+                else:  # files without the model (an interrupted conversion's): set them aside, take their place
+                    stale = d + f".stale-{os.getpid()}"
+                    os.replace(d, stale)
+                    os.replace(tmp, d)
+                    shutil.rmtree(stale, ignore_errors=True)
             del model
         src_json = os.path.join(d, "qhead_source.json")
         if os.path.isfile(src_json):

@@ -24,7 +24,8 @@
 //   fused_sample, fused_sample_top_p  qhead::sample at T = 1 (whole vocab) and
 //               at T = 0.7 with top_p = 0.9
 //   fused_int8  qhead::logits with set_cpu_activations(kInt8) (opt-in int8
-//               activations, VNNI), only where the active path has VNNI;
+//               activations: VNNI vpdpbusd where the CPU has it, else
+//               vpmaddubsw + vpmaddwd);
 //               the row also reports its largest |logit - fused logit| on
 //               the same table and x (max_abs_err) and whether the top-1 id
 //               agrees, per activation row
@@ -362,6 +363,16 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
   }
   set_num_threads(threads);
   openblas_set_num_threads(threads);
+  // The ISA path (set_cpu_isa throws Error(kUnsupported) for one this CPU
+  // lacks); restored when the run ends.
+  struct IsaScope {
+    explicit IsaScope(const std::string& name) {
+      if (name == "avx2") set_cpu_isa(CpuIsa::kAvx2);
+      else if (name == "avx512") set_cpu_isa(CpuIsa::kAvx512);
+      else if (name == "reference") set_cpu_isa(CpuIsa::kReference);
+    }
+    ~IsaScope() { set_cpu_isa(CpuIsa::kAuto); }
+  } isa_scope(cfg.isa);
   const int64_t llc = llc_bytes();
   const int64_t read_bytes = read_buffer_bytes(cfg.cases, llc);
   std::vector<BenchRow> rows;
@@ -624,9 +635,9 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
       if (int8) {
         char buf[256];
         std::snprintf(buf, sizeof buf,
-                      "%s kernels, int8 activations (opt-in, per-32 block scales, VNNI): max |logit - fused| = %.3g "
+                      "%s kernels, int8 activations (opt-in, per-32 block scales, %s dot): max |logit - fused| = %.3g "
                       "(%.2g of max |logit| %.3g), top-1 id same in %lld of %lld rows; %s",
-                      cpu_isa_name(active_cpu_isa()), q.int8_err, q.int8_max > 0 ? q.int8_err / q.int8_max : 0.0,
+                      cpu_isa_name(active_cpu_isa()), cpu::int8_dot() == cpu::Int8Dot::kVnni ? "VNNI vpdpbusd" : "vpmaddubsw + vpmaddwd", q.int8_err, q.int8_max > 0 ? q.int8_err / q.int8_max : 0.0,
                       q.int8_max, static_cast<long long>(q.int8_top1), static_cast<long long>(m), packed_note.c_str());
         BenchRow r = row("fused_int8", q.t_int8, packed_bytes, q.u_int8, buf);
         r.max_abs_err = q.int8_err;
