@@ -21,6 +21,10 @@
 namespace qhead::cuda_ops {
 
 using namespace cuda_detail;
+using cuda_plan::LogitsPlan;
+using cuda_plan::LogitsProblem;
+using cuda_plan::TopkPath;
+using cuda_plan::TopkPlan;
 
 namespace {
 
@@ -126,8 +130,8 @@ float* logits_ws(const Table& table, const TensorView& x, const LogitsProblem& p
 // The exact host draw from the logits (the cases the GPU draw leaves).
 void draw_on_host(const float* l, const LogitsProblem& problem, const SampleParams& p, int* ids) {
   cudaStream_t s = current_stream();
-  std::vector<float> hl(size_t(problem.M * problem.V));
-  std::vector<int32_t> hi(size_t(problem.M));
+  std::vector<float> hl(static_cast<size_t>(problem.M * problem.V));
+  std::vector<int32_t> hi(static_cast<size_t>(problem.M));
   QHEAD_CUDA_CHECK(cudaMemcpyAsync(hl.data(), l, hl.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
   QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));
   sampling::from_logits(hl.data(), problem.M, problem.V, p, hi.data());
@@ -198,7 +202,7 @@ void sample(const Table& table, const TensorView& x, const SampleParams& p, cons
   QHEAD_CUDA_CHECK_LAUNCH("draw_kernel");
   if (whole) return;
   // Without top_k, a row's top-p or min-p cut may lie past the candidates.
-  std::vector<int> hp(size_t(M));
+  std::vector<int> hp(static_cast<size_t>(M));
   QHEAD_CUDA_CHECK(cudaMemcpyAsync(hp.data(), pending, hp.size() * sizeof(int), cudaMemcpyDeviceToHost, s));
   QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));
   bool any = false;
