@@ -10,7 +10,9 @@
 #      script does not build qhead), then ggml_bench --json, with the same
 #      --shape, --m, --threads and --reps;
 #   4. writes {"tool","commit","date","command","cpu","threads",
-#      "llama_cpp_python","qhead":<qhead bench JSON>,"ggml":<ggml rows>}.
+#      "llama_cpp_python","qhead":<qhead bench JSON>,"ggml":<ggml rows>}; each
+#      ggml row has "layout": "plain" (ggml's block layout) or "repacked" (the
+#      CPU backend's extra buffer type, e.g. CPU_REPACK, as llama.cpp loads it).
 #
 # Usage: scripts/bench_llamacpp.sh [--shape VxH[,..]] [--m 1,8] [--threads N]
 #                                  [--reps N] [--out FILE]

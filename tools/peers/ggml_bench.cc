@@ -6,26 +6,38 @@
 //   W  [ne0 = H, ne1 = V] of the type: seeded uniform [-1, 1) f32 values,
 //      quantized by ggml_quantize_chunk (no importance matrix);
 //   x  [ne0 = H, ne1 = M] f32;
-//   y = ggml_mul_mat(W, x)  [ne0 = V, ne1 = M] f32, on the CPU backend
-//      (ggml_graph_plan + ggml_graph_compute, N threads).
-// W is laid out as ggml allocates it in a plain CPU context: no runtime
-// repacking (the CPU backend's extra buffer types are not used).
+//   y = ggml_mul_mat(W, x)  [ne0 = V, ne1 = M] f32, on the CPU backend, N
+//      threads, in two layouts of W, one row each:
+//   "plain":    W as ggml allocates it in a CPU context (block rows in order;
+//               ggml_graph_plan + ggml_graph_compute);
+//   "repacked": W allocated in the CPU backend's extra buffer type that
+//               llama.cpp would pick for this mul_mat (the first of
+//               ggml_backend_dev_get_extra_bufts whose supports_op takes it,
+//               usually CPU_REPACK), and set with ggml_backend_tensor_set, which
+//               repacks it into the interleaved format (q4_0 / q4_K / iq4_nl
+//               8x8 on AVX2); computed with ggml_backend_cpu_init +
+//               ggml_backend_graph_compute, which dispatch to that buffer
+//               type's GEMV / GEMM. This is what llama.cpp runs by default for
+//               such a weight on the CPU. A (type, shape) no extra buffer type
+//               takes gets a "repacked" row saying so, untimed.
 //
-// Check before timing: y against a float64 product of ggml's own
-// dequantization of W (type traits' to_float) and the f32 x. For the
-// quantized types ggml quantizes x to its vec_dot type (q8_0, q8_K) inside
+// Check before timing, in both layouts: y against a float64 product of ggml's
+// own dequantization of the plain W (type traits' to_float) and the f32 x. For
+// the quantized types ggml quantizes x to its vec_dot type (q8_0, q8_K) inside
 // mul_mat, so the check is relative: max |y - ref| / max |ref| <= 2e-2. A row
 // that fails is not timed and the tool exits 1.
 //
 // Timing: copies of W whose bytes total >= 2x the last-level cache (so every
-// call reads W from memory), one graph per copy built once, 2 warm-up calls,
-// then timed calls rotating over the copies, steady clock, median reported.
+// call reads W from memory; repacked copies each in their own buffer), one
+// graph per copy built once, 2 warm-up calls, then timed calls rotating over
+// the copies, steady clock, median reported.
 // --reps N: N timed calls; default: at least 5, about 1 s, at most 50.
 //
-// Usage: ggml_bench [--shape VxH[,..]] [--type q4_0,q4_K,q8_0,f16] [--m 1,8]
+// Usage: ggml_bench [--shape VxH[,..]] [--type q4_0,q4_K,q8_0,f16,iq4_nl] [--m 1,8]
 //                   [--threads N] [--reps N] [--json]
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cerrno>
@@ -39,6 +51,8 @@
 #include <thread>
 #include <vector>
 
+#include "ggml-alloc.h"
+#include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
 
@@ -61,6 +75,9 @@ struct Config {
 // One output row: a timed (shape, type, m) or a skipped / failed one.
 struct Row {
   std::string shape, type;
+  std::string layout;         // "plain" or "repacked"
+  std::string buffer_type;    // repacked rows: the extra buffer type's name
+  std::string repack_format;  // repacked rows: the interleaved format CPU_REPACK logged, e.g. q4_0_8x8
   int64_t m = 0;
   int threads = 0;
   double us_median = 0, gbps = 0;
@@ -77,7 +94,7 @@ constexpr uint64_t kSeed = 0x9E3779B97F4A7C15ull;
 [[noreturn]] void usage_error(const std::string& msg) {
   std::fprintf(stderr, "ggml_bench: %s\n", msg.c_str());
   std::fprintf(stderr,
-               "usage: ggml_bench [--shape VxH[,..]] [--type q4_0,q4_K,q8_0,f16] [--m 1,8] [--threads N] "
+               "usage: ggml_bench [--shape VxH[,..]] [--type q4_0,q4_K,q8_0,f16,iq4_nl] [--m 1,8] [--threads N] "
                "[--reps N] [--json]\n");
   std::exit(2);
 }
@@ -110,7 +127,8 @@ ggml_type parse_type(const std::string& s) {
   if (s == "q4_K") return GGML_TYPE_Q4_K;
   if (s == "q8_0") return GGML_TYPE_Q8_0;
   if (s == "f16") return GGML_TYPE_F16;
-  usage_error("--type '" + s + "': expected q4_0, q4_K, q8_0 or f16");
+  if (s == "iq4_nl") return GGML_TYPE_IQ4_NL;
+  usage_error("--type '" + s + "': expected q4_0, q4_K, q8_0, f16 or iq4_nl");
 }
 
 Config parse_args(int argc, char** argv) {
@@ -135,11 +153,11 @@ Config parse_args(int argc, char** argv) {
           "ggml_bench: time ggml's CPU mul_mat (logits = W x) per shape, type and M, checked first against a "
           "float64 reference on ggml's dequantized W\n"
           "  --shape VxH[,..]   default 151936x1024,50304x512,128256x4096,262144x640\n"
-          "  --type  LIST       q4_0,q4_K,q8_0,f16 (default all)\n"
+          "  --type  LIST       of q4_0,q4_K,q8_0,f16,iq4_nl (default q4_0,q4_K,q8_0,f16)\n"
           "  --m     LIST       activation rows per call (default 1,8)\n"
           "  --threads N        default: all cores\n"
           "  --reps N           timed calls (default: at least 5, about 1 s, at most 50)\n"
-          "  --json             a JSON array, one object per (shape, type, m)\n");
+          "  --json             a JSON array, one object per (shape, type, layout, m)\n");
       std::exit(0);
     } else usage_error("unknown argument '" + a + "'");
   }
@@ -231,17 +249,102 @@ struct Ctx {
   Ctx& operator=(const Ctx&) = delete;
 };
 
-// One timed graph: y = mul_mat(W copy, x) with its plan and work buffer.
+// One timed graph: y = mul_mat(W copy, x). Plain W: computed with its own plan
+// and work buffer; W in an extra buffer type: through the CPU backend.
 struct Graph {
   ggml_cgraph* graph = nullptr;
   ggml_tensor* y = nullptr;
   ggml_cplan plan{};
   std::vector<uint8_t> work;
+  ggml_backend_t backend = nullptr;  // non-null: ggml_backend_graph_compute
   void compute() {
-    if (ggml_graph_compute(graph, &plan) != GGML_STATUS_SUCCESS) {
-      std::fprintf(stderr, "ggml_bench: ggml_graph_compute failed\n");
+    const ggml_status st = backend ? ggml_backend_graph_compute(backend, graph) : ggml_graph_compute(graph, &plan);
+    if (st != GGML_STATUS_SUCCESS) {
+      std::fprintf(stderr, "ggml_bench: %s failed (status %d)\n",
+                   backend ? "ggml_backend_graph_compute" : "ggml_graph_compute", static_cast<int>(st));
       std::exit(1);
     }
+  }
+};
+
+// The CPU device and backend, and the device's extra buffer types in the order
+// llama.cpp tries them for a weight before the plain CPU buffer type.
+struct CpuBackend {
+  ggml_backend_dev_t dev = nullptr;
+  ggml_backend_t backend = nullptr;
+  std::vector<ggml_backend_buffer_type_t> extra;
+  explicit CpuBackend(int threads) {
+    ggml_backend_reg_t reg = ggml_backend_cpu_reg();
+    dev = ggml_backend_reg_dev_get(reg, 0);
+    backend = ggml_backend_cpu_init();
+    if (!dev || !backend) {
+      std::fprintf(stderr, "ggml_bench: ggml_backend_cpu_init failed\n");
+      std::exit(1);
+    }
+    ggml_backend_cpu_set_n_threads(backend, threads);
+    auto get_extra = reinterpret_cast<ggml_backend_dev_get_extra_bufts_t>(
+        ggml_backend_reg_get_proc_address(reg, "ggml_backend_dev_get_extra_bufts"));
+    if (get_extra)
+      for (ggml_backend_buffer_type_t* p = get_extra(dev); p && *p; ++p) extra.push_back(*p);
+  }
+  ~CpuBackend() { ggml_backend_free(backend); }
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+};
+
+// The extra buffer type llama.cpp would put W [type, ne0 = H, ne1 = V] in for a
+// mul_mat: the first whose device supports_op takes mul_mat(W, x f32 [H, 512])
+// with W in a zero-size buffer of it (llama-model-loader's weight_buft_supported).
+// Null if none, with *why saying so.
+ggml_backend_buffer_type_t pick_extra_buft(const CpuBackend& cpu, ggml_type type, const Shape& s, std::string* why) {
+  if (cpu.extra.empty()) {
+    *why = "this ggml build has no CPU extra buffer type (GGML_CPU_REPACK off?)";
+    return nullptr;
+  }
+  for (ggml_backend_buffer_type_t buft : cpu.extra) {
+    ggml_init_params p{4 * ggml_tensor_overhead(), nullptr, true};
+    ggml_context* ctx = ggml_init(p);
+    if (!ctx) break;
+    ggml_tensor* w = ggml_new_tensor_2d(ctx, type, s.H, s.V);
+    ggml_tensor* op = ggml_mul_mat(ctx, w, ggml_new_tensor_2d(ctx, GGML_TYPE_F32, s.H, 512));
+    w->buffer = ggml_backend_buft_alloc_buffer(buft, 0);
+    const bool ok = w->buffer && ggml_backend_dev_supports_op(cpu.dev, op);
+    if (w->buffer) ggml_backend_buffer_free(w->buffer);
+    ggml_free(ctx);
+    if (ok) return buft;
+  }
+  std::string names;
+  for (ggml_backend_buffer_type_t buft : cpu.extra) names += (names.empty() ? "" : ", ") + std::string(ggml_backend_buft_name(buft));
+  *why = "no CPU extra buffer type (" + names + ") takes mul_mat of " + ggml_type_name(type) + " [" +
+         std::to_string(s.V) + " x " + std::to_string(s.H) + "] on this CPU";
+  return nullptr;
+}
+
+// ggml's log: CPU_REPACK reports the format it converts a tensor to at debug
+// level ("repack: repack tensor <name> with q4_0_8x8"); that is kept in
+// g_repack_format, other debug lines are dropped, the rest go to stderr.
+std::string g_repack_format;
+void log_callback(ggml_log_level level, const char* text, void*) {
+  if (level == GGML_LOG_LEVEL_DEBUG) {
+    const char* with = std::strstr(text, "repack tensor ") ? std::strstr(text, " with ") : nullptr;
+    if (with) {
+      g_repack_format = with + 6;
+      while (!g_repack_format.empty() && std::isspace(static_cast<unsigned char>(g_repack_format.back())))
+        g_repack_format.pop_back();
+    }
+    return;
+  }
+  std::fputs(text, stderr);
+}
+
+// One copy of W in its own buffer of an extra buffer type.
+struct BufferW {
+  ggml_context* ctx = nullptr;
+  ggml_backend_buffer_t buf = nullptr;
+  ggml_tensor* t = nullptr;
+  ~BufferW() {
+    if (buf) ggml_backend_buffer_free(buf);
+    if (ctx) ggml_free(ctx);
   }
 };
 
@@ -281,23 +384,92 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Benchmarks one (shape, type) over every M; appends one row per M.
-void bench_shape_type(const Config& cfg, const Shape& s, ggml_type type, int64_t llc, std::vector<Row>& rows) {
+// One M of one layout: one graph per copy of W (w), checks copy 0's output
+// (NaN-poisoned first) against the float64 reference on the plain W (w_plain),
+// then times calls rotating over the copies; appends r, filled in.
+void bench_m(const Config& cfg, const Shape& s, int64_t M, const ggml_tensor* w_plain,
+             const std::vector<ggml_tensor*>& w, ggml_backend_t backend, Row r, std::vector<Row>& rows) {
+  const int copies = static_cast<int>(w.size());
+  std::vector<float> x(static_cast<size_t>(M * s.H));
+  fill_uniform(x.data(), M * s.H, ~uint64_t{0} - static_cast<uint64_t>(M));
+
+  const size_t y_bytes = static_cast<size_t>(s.V * M) * sizeof(float);
+  const size_t per_graph = ggml_graph_overhead_custom(4, false) + ggml_tensor_overhead() + y_bytes + 1024;
+  Ctx gctx(copies * per_graph + ggml_tensor_overhead() + x.size() * sizeof(float) + 1024);
+  ggml_tensor* xt = ggml_new_tensor_2d(gctx.ctx, GGML_TYPE_F32, s.H, M);
+  std::memcpy(xt->data, x.data(), x.size() * sizeof(float));
+  std::vector<Graph> graphs(copies);
+  for (int c = 0; c < copies; ++c) {
+    Graph& g = graphs[c];
+    g.y = ggml_mul_mat(gctx.ctx, w[c], xt);
+    g.graph = ggml_new_graph_custom(gctx.ctx, 4, false);
+    ggml_build_forward_expand(g.graph, g.y);
+    g.backend = backend;
+    if (!backend) {
+      g.plan = ggml_graph_plan(g.graph, cfg.threads, nullptr);
+      g.work.resize(g.plan.work_size);
+      g.plan.work_data = g.work.empty() ? nullptr : g.work.data();
+    }
+  }
+
+  // Checking every copy's graph would be redundant (same values); check copy 0.
+  std::fill_n(static_cast<float*>(graphs[0].y->data), s.V * M, std::nanf(""));
+  graphs[0].compute();
+  r.check_max_rel_err = check_error(w_plain, x, static_cast<const float*>(graphs[0].y->data), s.V, s.H, M, cfg.threads);
+  r.check_ok = std::isfinite(r.check_max_rel_err) && r.check_max_rel_err <= kTolerance;
+  if (!r.check_ok) {
+    char buf[128];
+    std::snprintf(buf, sizeof buf, "check failed: max rel err %.3g > %.0e", r.check_max_rel_err, kTolerance);
+    r.skipped = buf;
+    rows.push_back(r);
+    return;
+  }
+
+  for (int i = 0; i < 2; ++i) graphs[i % copies].compute();  // warm-up
+  std::vector<double> us;
+  double total = 0;
+  for (int i = 0;; ++i) {
+    Graph& g = graphs[i % copies];
+    const auto t0 = std::chrono::steady_clock::now();
+    g.compute();
+    const auto t1 = std::chrono::steady_clock::now();
+    const double sec = std::chrono::duration<double>(t1 - t0).count();
+    us.push_back(sec * 1e6);
+    total += sec;
+    const int done = i + 1;
+    if (cfg.reps > 0 ? done >= cfg.reps : (done >= 5 && (total > 1.0 || done >= 50))) break;
+  }
+  r.reps = static_cast<int>(us.size());
+  r.us_median = median(us);
+  r.gbps = static_cast<double>(r.weight_bytes) / (r.us_median * 1e-6) / 1e9;
+  rows.push_back(r);
+}
+
+// Benchmarks one (shape, type) over every M, plain then repacked; appends one
+// row per (layout, M).
+void bench_shape_type(const Config& cfg, const CpuBackend& cpu, const Shape& s, ggml_type type, int64_t llc,
+                      std::vector<Row>& rows) {
   const std::string shape = std::to_string(s.V) + "x" + std::to_string(s.H);
+  auto row = [&](const char* layout, int64_t m) {
+    Row r;
+    r.shape = shape, r.type = ggml_type_name(type), r.layout = layout, r.m = m, r.threads = cfg.threads;
+    return r;
+  };
   const std::string why = unsupported(type, s.H);
   if (!why.empty()) {
-    for (int64_t m : cfg.ms) {
-      Row r;
-      r.shape = shape, r.type = ggml_type_name(type), r.m = m, r.threads = cfg.threads, r.skipped = why;
-      rows.push_back(r);
-    }
+    for (const char* layout : {"plain", "repacked"})
+      for (int64_t m : cfg.ms) {
+        Row r = row(layout, m);
+        r.skipped = why;
+        rows.push_back(r);
+      }
     return;
   }
   const size_t row_bytes = ggml_row_size(type, s.H);
   const size_t w_bytes = row_bytes * static_cast<size_t>(s.V);
   const int copies = static_cast<int>(std::min<int64_t>(64, std::max<int64_t>(1, (2 * llc + w_bytes - 1) / w_bytes)));
 
-  // W: quantized once into copy 0, then duplicated (distinct addresses, same values).
+  // Plain W: quantized once into copy 0, then duplicated (distinct addresses, same values).
   std::vector<std::unique_ptr<Ctx>> wctx;
   std::vector<ggml_tensor*> w;
   for (int c = 0; c < copies; ++c) {
@@ -320,61 +492,55 @@ void bench_shape_type(const Config& cfg, const Shape& s, ggml_type type, int64_t
   });
 
   for (int64_t M : cfg.ms) {
-    Row r;
-    r.shape = shape, r.type = ggml_type_name(type), r.m = M, r.threads = cfg.threads;
+    Row r = row("plain", M);
     r.weight_bytes = w_bytes, r.copies = copies;
+    bench_m(cfg, s, M, w[0], w, nullptr, r, rows);
+  }
 
-    std::vector<float> x(static_cast<size_t>(M * s.H));
-    fill_uniform(x.data(), M * s.H, ~uint64_t{0} - static_cast<uint64_t>(M));
-
-    const size_t y_bytes = static_cast<size_t>(s.V * M) * sizeof(float);
-    const size_t per_graph = ggml_graph_overhead_custom(4, false) + ggml_tensor_overhead() + y_bytes + 1024;
-    Ctx gctx(copies * per_graph + ggml_tensor_overhead() + x.size() * sizeof(float) + 1024);
-    ggml_tensor* xt = ggml_new_tensor_2d(gctx.ctx, GGML_TYPE_F32, s.H, M);
-    std::memcpy(xt->data, x.data(), x.size() * sizeof(float));
-    std::vector<Graph> graphs(copies);
-    for (int c = 0; c < copies; ++c) {
-      Graph& g = graphs[c];
-      g.y = ggml_mul_mat(gctx.ctx, w[c], xt);
-      g.graph = ggml_new_graph_custom(gctx.ctx, 4, false);
-      ggml_build_forward_expand(g.graph, g.y);
-      g.plan = ggml_graph_plan(g.graph, cfg.threads, nullptr);
-      g.work.resize(g.plan.work_size);
-      g.plan.work_data = g.work.empty() ? nullptr : g.work.data();
+  // Repacked W: each copy in its own buffer of the extra buffer type;
+  // ggml_backend_tensor_set of the plain bytes converts them.
+  std::string why_r;
+  ggml_backend_buffer_type_t buft = pick_extra_buft(cpu, type, s, &why_r);
+  std::string repack_format;
+  std::vector<std::unique_ptr<BufferW>> bw;
+  std::vector<ggml_tensor*> wr;
+  for (int c = 0; buft && c < copies; ++c) {
+    auto b = std::make_unique<BufferW>();
+    ggml_init_params p{ggml_tensor_overhead() + 1024, nullptr, true};
+    b->ctx = ggml_init(p);
+    if (!b->ctx) {
+      why_r = "ggml_init failed";
+      break;
     }
-
-    // Check every copy's graph would be redundant (same values); check copy 0,
-    // its output poisoned first.
-    std::fill_n(static_cast<float*>(graphs[0].y->data), s.V * M, std::nanf(""));
-    graphs[0].compute();
-    r.check_max_rel_err = check_error(w[0], x, static_cast<const float*>(graphs[0].y->data), s.V, s.H, M, cfg.threads);
-    r.check_ok = std::isfinite(r.check_max_rel_err) && r.check_max_rel_err <= kTolerance;
-    if (!r.check_ok) {
-      char buf[128];
-      std::snprintf(buf, sizeof buf, "check failed: max rel err %.3g > %.0e", r.check_max_rel_err, kTolerance);
-      r.skipped = buf;
+    b->t = ggml_new_tensor_2d(b->ctx, type, s.H, s.V);
+    b->buf = ggml_backend_alloc_ctx_tensors_from_buft(b->ctx, buft);
+    if (!b->buf) {
+      why_r = "allocating " + std::to_string(w_bytes) + " bytes of " + ggml_backend_buft_name(buft) + " failed";
+      break;
+    }
+    ggml_backend_buffer_set_usage(b->buf, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    // CPU_REPACK's init_tensor leaves extra null when it has no format for the
+    // tensor, and its set_tensor would then fault: do not call it.
+    if (std::strcmp(ggml_backend_buft_name(buft), "CPU_REPACK") == 0 && b->t->extra == nullptr) {
+      why_r = "CPU_REPACK chose no repacked format for this tensor";
+      break;
+    }
+    g_repack_format.clear();
+    ggml_backend_tensor_set(b->t, w[0]->data, 0, w_bytes);
+    repack_format = g_repack_format;
+    wr.push_back(b->t);
+    bw.push_back(std::move(b));
+  }
+  for (int64_t M : cfg.ms) {
+    Row r = row("repacked", M);
+    if (!buft || static_cast<int>(wr.size()) != copies) {
+      r.skipped = why_r;
       rows.push_back(r);
       continue;
     }
-
-    for (int i = 0; i < 2; ++i) graphs[i % copies].compute();  // warm-up
-    std::vector<double> us;
-    double total = 0;
-    for (int i = 0;; ++i) {
-      Graph& g = graphs[i % copies];
-      const auto t0 = std::chrono::steady_clock::now();
-      g.compute();
-      const auto t1 = std::chrono::steady_clock::now();
-      const double sec = std::chrono::duration<double>(t1 - t0).count();
-      us.push_back(sec * 1e6);
-      total += sec;
-      const int done = i + 1;
-      if (cfg.reps > 0 ? done >= cfg.reps : (done >= 5 && (total > 1.0 || done >= 50))) break;
-    }
-    r.reps = static_cast<int>(us.size());
-    r.us_median = median(us);
-    r.gbps = static_cast<double>(w_bytes) / (r.us_median * 1e-6) / 1e9;
-    rows.push_back(r);
+    r.buffer_type = ggml_backend_buft_name(buft), r.repack_format = repack_format;
+    r.weight_bytes = ggml_backend_buffer_get_size(bw[0]->buf), r.copies = copies;
+    bench_m(cfg, s, M, w[0], wr, cpu.backend, r, rows);
   }
 }
 
@@ -396,9 +562,11 @@ void print_json(const std::vector<Row>& rows, int64_t llc) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::printf("  {\"peer\":\"ggml\",\"ggml_version\":\"%s\",\"ggml_commit\":\"%s\",\"shape\":\"%s\",\"type\":\"%s\","
-                "\"m\":%lld,\"threads\":%d",
+                "\"layout\":\"%s\",\"m\":%lld,\"threads\":%d",
                 json_escape(ggml_version()).c_str(), json_escape(ggml_commit()).c_str(), r.shape.c_str(),
-                r.type.c_str(), static_cast<long long>(r.m), r.threads);
+                r.type.c_str(), r.layout.c_str(), static_cast<long long>(r.m), r.threads);
+    if (!r.buffer_type.empty()) std::printf(",\"buffer_type\":\"%s\"", json_escape(r.buffer_type).c_str());
+    if (!r.repack_format.empty()) std::printf(",\"repack_format\":\"%s\"", json_escape(r.repack_format).c_str());
     if (r.weight_bytes) std::printf(",\"weight_bytes\":%zu,\"copies\":%d,\"llc_bytes\":%lld", r.weight_bytes, r.copies,
                                     static_cast<long long>(llc));
     if (r.check_max_rel_err >= 0 || std::isnan(r.check_max_rel_err))
@@ -415,13 +583,14 @@ void print_json(const std::vector<Row>& rows, int64_t llc) {
 void print_table(const std::vector<Row>& rows, int64_t llc) {
   std::printf("ggml %s (%s), CPU backend, LLC %lld MiB\n", ggml_version(), ggml_commit(),
               static_cast<long long>(llc >> 20));
-  std::printf("%-13s %-5s %5s %4s %12s %8s %10s %6s %10s  %s\n", "shape", "type", "m", "thr", "us_median", "GB/s",
-              "weight_MB", "copies", "check_err", "note");
+  std::printf("%-13s %-6s %-8s %5s %4s %12s %8s %10s %6s %10s  %s\n", "shape", "type", "layout", "m", "thr",
+              "us_median", "GB/s", "weight_MB", "copies", "check_err", "note");
   for (const Row& r : rows) {
-    std::printf("%-13s %-5s %5lld %4d ", r.shape.c_str(), r.type.c_str(), static_cast<long long>(r.m), r.threads);
+    std::printf("%-13s %-6s %-8s %5lld %4d ", r.shape.c_str(), r.type.c_str(), r.layout.c_str(),
+                static_cast<long long>(r.m), r.threads);
     if (r.skipped.empty())
-      std::printf("%12.1f %8.2f %10.1f %6d %10.2e\n", r.us_median, r.gbps, r.weight_bytes / 1e6, r.copies,
-                  r.check_max_rel_err);
+      std::printf("%12.1f %8.2f %10.1f %6d %10.2e  %s\n", r.us_median, r.gbps, r.weight_bytes / 1e6, r.copies,
+                  r.check_max_rel_err, (r.buffer_type + (r.repack_format.empty() ? "" : " " + r.repack_format)).c_str());
     else std::printf("%12s %8s %10s %6s %10s  %s\n", "-", "-", "-", "-", "-", r.skipped.c_str());
   }
 }
@@ -430,17 +599,21 @@ void print_table(const std::vector<Row>& rows, int64_t llc) {
 
 int main(int argc, char** argv) {
   const Config cfg = parse_args(argc, argv);
+  ggml_log_set(log_callback, nullptr);
   ggml_cpu_init();
   const int64_t llc = llc_bytes();
   std::vector<Row> rows;
-  for (const Shape& s : cfg.shapes)
-    for (ggml_type t : cfg.types) bench_shape_type(cfg, s, t, llc, rows);
+  {
+    const CpuBackend cpu(cfg.threads);
+    for (const Shape& s : cfg.shapes)
+      for (ggml_type t : cfg.types) bench_shape_type(cfg, cpu, s, t, llc, rows);
+  }
   if (cfg.json) print_json(rows, llc);
   else print_table(rows, llc);
   bool failed = false;
   for (const Row& r : rows)
     if (r.weight_bytes && !r.check_ok) {
-      std::fprintf(stderr, "ggml_bench: %s %s m=%lld: %s\n", r.shape.c_str(), r.type.c_str(),
+      std::fprintf(stderr, "ggml_bench: %s %s %s m=%lld: %s\n", r.shape.c_str(), r.type.c_str(), r.layout.c_str(),
                    static_cast<long long>(r.m), r.skipped.c_str());
       failed = true;
     }
