@@ -9,17 +9,20 @@
 #   3. runs `qhead bench --device cpu --json` (the CLI of the normal build; this
 #      script does not build qhead), then ggml_bench --json, with the same
 #      --shape, --m, --threads and --reps;
-#   4. writes {"tool","commit","date","command","cpu","threads",
-#      "llama_cpp_python","qhead":<qhead bench JSON>,"ggml":<ggml rows>}; each
-#      ggml row has "layout": "plain" (ggml's block layout) or "repacked" (the
-#      CPU backend's extra buffer type, e.g. CPU_REPACK, as llama.cpp loads it).
+#   4. writes one bench file (scripts/perf_report.py's envelope: "qhead",
+#      "device", "command", "date", "rows"; "tool": "bench_llamacpp"): qhead's
+#      rows as its bench wrote them, then each ggml row with path
+#      "ggml_<type>_<layout>" and "peer": "ggml"; "layout" is "plain" (ggml's
+#      block layout) or "repacked" (the CPU backend's extra buffer type, e.g.
+#      CPU_REPACK, as llama.cpp loads it).
 #
 # Usage: scripts/bench_llamacpp.sh [--shape VxH[,..]] [--m 1,8] [--threads N]
-#                                  [--reps N] [--out FILE]
+#                                  [--reps N] [--isa auto|avx2|avx512] [--out FILE]
 #   --shape    default: qhead bench's five real-model shapes (4 distinct VxH)
 #   --m        default 1,8
 #   --threads  default: nproc
 #   --reps     timed calls per row (default: each tool's auto rule)
+#   --isa      qhead's CPU kernel path (qhead bench --isa; default: the best this CPU has)
 #   --out      default: stdout
 #
 # Environment: QHEAD_CLI (default build/qhead), QHEAD_PEER_CACHE (default
@@ -44,14 +47,14 @@ die() { echo "bench_llamacpp: $*" >&2; exit 1; }
 COMMAND="$(printf '%q ' "$0" "$@")"
 COMMAND="${COMMAND% }"
 
-shape="" m="1,8" threads="" reps="" out=""
+shape="" m="1,8" threads="" reps="" out="" isa=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --shape|--m|--threads|--reps|--out)
+    --shape|--m|--threads|--reps|--out|--isa)
       [ $# -ge 2 ] || die "$1 needs a value"
       case "$1" in
         --shape) shape="$2" ;; --m) m="$2" ;; --threads) threads="$2" ;;
-        --reps) reps="$2" ;; --out) out="$2" ;;
+        --reps) reps="$2" ;; --out) out="$2" ;; --isa) isa="$2" ;;
       esac
       shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -100,6 +103,7 @@ trap 'rm -rf "$work"' EXIT
 qargs=(bench --device cpu --json --m "$m" --threads "$threads")
 gargs=(--json --m "$m" --threads "$threads" --shape "${shape:-$DEFAULT_SHAPES}")
 [ -z "$shape" ] || qargs+=(--shape "$shape")
+[ -z "$isa" ] || qargs+=(--isa "$isa")
 [ -z "$reps" ] || { qargs+=(--reps "$reps"); gargs+=(--reps "$reps"); }
 
 echo "bench_llamacpp: $CLI ${qargs[*]}" >&2
@@ -125,17 +129,24 @@ with open(ggml_path) as f:
     ggml = json.load(f)
 for row in ggml:
     row["llama_cpp_python_version"] = lcpp
+# The envelope of a bench file (scripts/perf_report.py): qhead's rows as its
+# bench wrote them, then one row per ggml measurement, path "ggml_<type>_<layout>".
+rows = list(qhead["rows"])
+for g in ggml:
+    row = dict(g)
+    row["path"] = f"ggml_{g.get('type')}_{g.get('layout', 'plain')}"
+    row["scheme"] = g.get("type")
+    rows.append(row)
+device = dict(qhead.get("device", {}))
+device.update({"name": cpu, "threads": int(threads), "llama_cpp_python": lcpp})
 doc = {
     "tool": "bench_llamacpp",
-    "commit": commit,
-    "dirty": dirty == "true",
-    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "qhead": qhead.get("qhead", {"version": "unknown", "commit": commit}),
+    "device": device,
     "command": command,
-    "cpu": cpu,
-    "threads": int(threads),
-    "llama_cpp_python": lcpp,
-    "qhead": qhead,
-    "ggml": ggml,
+    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    "dirty": dirty == "true",
+    "rows": rows,
 }
 text = json.dumps(doc, indent=2) + "\n"
 if out:

@@ -44,13 +44,15 @@ Cut cut_of(const SampleParams& p) {
   return c;
 }
 
-void from_logits(const float* logits, int64_t m, int64_t v, const SampleParams& p, int32_t* ids) {
+void from_logits(const float* logits, int64_t m, int64_t v, const SampleParams& p, int32_t* ids,
+                 const int64_t* rows) {
   const float inv_t = p.temperature > 0.0f ? 1.0f / p.temperature : 1.0f;
   std::vector<float> z(static_cast<size_t>(v)), sorted(static_cast<size_t>(v));
   std::vector<int32_t> order(static_cast<size_t>(v));
   const Cut cut = cut_of(p);
-  for (int64_t i = 0; i < m; ++i) {
-    const float* l = logits + i * v;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* l = logits + r * v;
+    const int64_t i = rows ? rows[r] : r;  // the row of the call: its counter and its id slot
     if (p.temperature == 0.0f) {  // argmax, ties: lower id
       int64_t best = 0;
       for (int64_t j = 1; j < v; ++j)
@@ -91,46 +93,39 @@ void from_logits(const float* logits, int64_t m, int64_t v, const SampleParams& 
 namespace {
 
 // The CPU fused path of a truncated draw: the top-K candidates of l/T with
-// the log-sum-exp of l/T, then the inverse CDF; rows whose cut may lie past
-// K candidates (no top_k) go again with 8x as many, up to V. False: the
-// table is not one the CPU kernels take.
+// the log-sum-exp of l/T, then the inverse CDF. The rows whose cut may lie
+// past the candidates (no top_k) are drawn from their whole row of logits
+// (one more pass over the table and a sort of the row: a cut that deep keeps
+// a good part of the vocabulary). False: the table is not one the CPU
+// kernels take.
 bool cpu_truncated(const Table& table, const TensorView& x, const SampleParams& p, int32_t* ids) {
-  const int64_t v = table.vocab(), h = table.hidden();
-  const float inv_t = 1.0f / p.temperature;
+  const int64_t m = x.size(0), v = table.vocab(), h = table.hidden();
   const Cut cut = cut_of(p);
-  std::vector<int64_t> rows(static_cast<size_t>(x.size(0)));
-  std::iota(rows.begin(), rows.end(), 0);
-  int64_t k = p.top_k > 0 ? p.top_k : std::min<int64_t>(v, kFirstCandidates);
-  const size_t esz = dtype_size(x.dtype);
-  Tensor xs;  // the rows still to draw, when some are
-  while (true) {
-    const int64_t m = static_cast<int64_t>(rows.size());
-    TensorView xv = x;
-    if (m != x.size(0)) {
-      xs = Tensor::empty(x.dtype, {m, h});
-      for (int64_t i = 0; i < m; ++i)
-        std::copy_n(static_cast<const char*>(x.data) + static_cast<size_t>(rows[static_cast<size_t>(i)] * h) * esz,
-                    static_cast<size_t>(h) * esz, static_cast<char*>(xs.data()) + static_cast<size_t>(i * h) * esz);
-      xv = xs.view();
-    }
-    Tensor vals = Tensor::empty(DType::kF32, {m, k}), cids = Tensor::empty(DType::kI32, {m, k}),
-           lse = Tensor::empty(DType::kF32, {m});
-    if (!cpu::topk(table, xv, k, vals.view(), cids.view(), lse.view(), inv_t)) return false;
-    const bool whole = p.top_k > 0 || k == v;
-    std::vector<int64_t> left;
-    for (int64_t i = 0; i < m; ++i) {
-      const int64_t row = rows[static_cast<size_t>(i)];
-      const int j = draw_sorted(vals.view().ptr<float>() + i * k, k, lse.view().ptr<float>()[i], whole, cut,
-                                draw_uniform(p.seed, p.offset, static_cast<uint32_t>(row)));
-      if (j < 0)
-        left.push_back(row);
-      else
-        ids[row] = cids.view().ptr<int32_t>()[i * k + j];
-    }
-    if (left.empty()) return true;
-    rows.swap(left);
-    k = std::min(v, k * 8);
+  const int64_t k = p.top_k > 0 ? p.top_k : std::min<int64_t>(v, kFirstCandidates);
+  Tensor vals = Tensor::empty(DType::kF32, {m, k}), cids = Tensor::empty(DType::kI32, {m, k}),
+         lse = Tensor::empty(DType::kF32, {m});
+  if (!cpu::topk(table, x, k, vals.view(), cids.view(), lse.view(), 1.0f / p.temperature)) return false;
+  const bool whole = p.top_k > 0 || k == v;
+  std::vector<int64_t> left;  // the rows whose cut lies past the candidates
+  for (int64_t i = 0; i < m; ++i) {
+    const int j = draw_sorted(vals.view().ptr<float>() + i * k, k, lse.view().ptr<float>()[i], whole, cut,
+                              draw_uniform(p.seed, p.offset, static_cast<uint32_t>(i)));
+    if (j < 0)
+      left.push_back(i);
+    else
+      ids[i] = cids.view().ptr<int32_t>()[i * k + j];
   }
+  if (left.empty()) return true;
+  const int64_t n = static_cast<int64_t>(left.size());
+  const size_t rb = static_cast<size_t>(h) * dtype_size(x.dtype);
+  Tensor xr = Tensor::empty(x.dtype, {n, h});
+  for (int64_t i = 0; i < n; ++i)
+    std::copy_n(static_cast<const char*>(x.data) + static_cast<size_t>(left[static_cast<size_t>(i)]) * rb, rb,
+                static_cast<char*>(xr.data()) + static_cast<size_t>(i) * rb);
+  Tensor l = Tensor::empty(DType::kF32, {n, v});
+  if (!cpu::logits(table, xr.view(), l.view())) return false;
+  from_logits(l.view().ptr<float>(), n, v, p, ids, left.data());
+  return true;
 }
 
 }  // namespace

@@ -10,8 +10,8 @@
 
 namespace qhead::sampling {
 
-// Candidates a truncated draw without top_k takes first (then 8x as many
-// for the rows whose cut lies past them).
+// Candidates a truncated draw without top_k takes (the rows whose cut lies
+// past them are drawn from their whole row).
 constexpr int64_t kFirstCandidates = 1024;
 
 // Throws Error(kInvalidArgument) naming the setting and its range.
@@ -20,8 +20,11 @@ void check_params(const SampleParams& p, int64_t vocab);
 bool truncated(const SampleParams& p);
 Cut cut_of(const SampleParams& p);
 // ids[i] drawn from logits row i ([m, v] row-major, f32) exactly as the
-// contract says, with the same random numbers as every fused path.
-void from_logits(const float* logits, int64_t m, int64_t v, const SampleParams& p, int32_t* ids);
+// contract says, with the same random numbers as every fused path. rows:
+// the call's row of each logits row (its counter and its slot in ids);
+// null: 0 .. m-1.
+void from_logits(const float* logits, int64_t m, int64_t v, const SampleParams& p, int32_t* ids,
+                 const int64_t* rows = nullptr);
 // The op on a CPU table (arguments checked): the fused kernels for kAuto and
 // kFused where they take the table, else the logits (reference or BLAS) and
 // from_logits.
