@@ -20,7 +20,8 @@ docs/performance.md holds the generated tables between markers:
     ...generated...
     <!-- perf_report:end KIND -->
 
-KIND is one of cuda, cuda-kernels, cpu, tp, binding; GLOB (relative to the
+KIND is one of cuda, cuda-kernels, cpu, tp, binding, cpu-peers (the files of
+scripts/bench_llamacpp.sh), sample (any file with sample rows); GLOB (relative to the
 repository root) picks the bench files, of which each table takes the ones
 whose rows are of its kind (any number of files: one row per file and case,
 each with its run number, and the runs listed under the table).
@@ -105,6 +106,8 @@ def load_bench(path: str) -> dict:
 
 def kind_of(bench: dict) -> str:
     rows = bench["rows"]
+    if bench.get("tool") == "bench_llamacpp":
+        return "cpu-peers"
     if all("case" in r for r in rows):
         return "binding"
     paths = {r.get("path") for r in rows}
@@ -369,14 +372,69 @@ def table_binding(benches: list[dict]) -> list[str]:
     return out + [""] + runs_list(benches)
 
 
+def table_cpu_peers(benches: list[dict]) -> list[str]:
+    """qhead's CPU paths and llama.cpp's ggml mul_mat (scripts/bench_llamacpp.sh) in one run."""
+    ggml_cols = [("q4_0", "plain"), ("q4_0", "repacked"), ("q4_K", "plain"), ("q4_K", "repacked"),
+                 ("q8_0", "plain"), ("f16", "plain")]
+    rows = []
+    for i, b in enumerate(benches, 1):
+        isa = b["device"].get("isa", "") if isinstance(b["device"], dict) else ""
+        q = Index([r for r in b["rows"] if r.get("peer") != "ggml"])
+        g = {(r["shape"], r["m"], r.get("type"), r.get("layout", "plain")): r.get("us_median")
+             for r in b["rows"] if r.get("peer") == "ggml" and r.get("us_median")}
+        for c in q.cases:
+            shape, _, _, m = c
+            fused, int8 = q.us(c, "fused"), q.us(c, "fused_int8")
+            gv = [g.get((shape, m, t, lay)) for t, lay in ggml_cols]
+            four = [(v, f"{t} {lay}") for (t, lay), v in zip(ggml_cols, gv) if v and t.startswith("q4")]
+            best = min(four) if four else (None, "")
+            rows.append([shape, c[1], str(m), isa, fmt_ms(fused), fmt_ms(int8), fmt_ms(q.us(c, "fused_sample"))]
+                        + [fmt_ms(None if v is None else v) for v in gv]
+                        + [best[1] or "—", fmt_ratio(ratio(best[0], fused)), fmt_ratio(ratio(best[0], int8)), str(i)])
+    header = ["shape", "qhead scheme", "M", "qhead ISA", "qhead fused ms", "qhead int8 mode ms", "qhead sample ms"] + \
+             [f"ggml {t} {lay} ms" for t, lay in ggml_cols] + \
+             ["ggml's best 4-bit", "its time / qhead fused", "its time / qhead int8", "run"]
+    align = ["l", "l", "r", "l"] + ["r"] * 9 + ["l", "r", "r", "r"]
+    return table(header, align, rows) + [""] + runs_list(benches)
+
+
+def table_sample(benches: list[dict]) -> list[str]:
+    """The sample op beside the logits and the top-k of the same run (CPU and CUDA bench files)."""
+    rows = []
+    for i, b in enumerate(benches, 1):
+        ix = Index([r for r in b["rows"] if r.get("peer") != "ggml"])
+        for c in ix.cases:
+            cuda = ix.row(c, "sample") is not None
+            fused = ix.us(c, "fused")
+            topk = ix.us(c, "fused_topk")
+            full = ix.us(c, "sample" if cuda else "fused_sample")
+            tk = ix.us(c, "sample_top_k") if cuda else None
+            tp = ix.us(c, "sample_top_p" if cuda else "fused_sample_top_p")
+            unit = fmt_us if cuda else fmt_ms
+            rows.append([device_name(b), c[0], c[1], str(c[3]), "µs" if cuda else "ms", unit(fused),
+                         unit(topk), unit(full), fmt_frac(ratio(full, fused)), unit(tk), fmt_frac(ratio(tk, fused)),
+                         unit(tp), str(i)])
+    header = ["device", "shape", "scheme", "M", "unit", "logits (fused)", "top-k 50", "sample T = 1", "/ logits",
+              "sample top_k 50", "/ logits", "sample T 0.7 top_p 0.9", "run"]
+    align = ["l", "l", "l", "r", "l"] + ["r"] * 8
+    return table(header, align, rows) + [""] + runs_list(benches)
+
+
 TABLES: dict[str, Callable[[list[dict]], list[str]]] = {
     "cuda": table_cuda,
     "cuda-kernels": table_cuda_kernels,
     "cpu": table_cpu,
     "tp": table_tp,
     "binding": table_binding,
+    "cpu-peers": table_cpu_peers,
+    "sample": table_sample,
 }
-KIND_OF_TABLE = {"cuda": "cuda", "cuda-kernels": "cuda", "cpu": "cpu", "tp": "tp", "binding": "binding"}
+KIND_OF_TABLE = {"cuda": "cuda", "cuda-kernels": "cuda", "cpu": "cpu", "tp": "tp", "binding": "binding",
+                 "cpu-peers": "cpu-peers", "sample": "sample"}
+
+
+def has_sample_rows(bench: dict) -> bool:
+    return any(r.get("path") in ("sample", "fused_sample") for r in bench["rows"])
 
 
 def generate_block(kind: str, pattern: str, root: str) -> list[str]:
@@ -387,7 +445,7 @@ def generate_block(kind: str, pattern: str, root: str) -> list[str]:
     for f in files:
         b = load_bench(f)
         b["file"] = os.path.relpath(f, root)
-        if kind_of(b) == KIND_OF_TABLE[kind]:
+        if (has_sample_rows(b) if kind == "sample" else kind_of(b) == KIND_OF_TABLE[kind]):
             benches.append(b)
     if not benches:
         raise ReportError(f"table '{kind}': no {KIND_OF_TABLE[kind]} bench file matches {pattern}")
