@@ -276,6 +276,9 @@ BenchContext bench_context(const BenchArgs& a) {
     const int threads = a.threads > 0 ? a.threads : default_num_threads();
     c.device = fmt::format("cpu: {}, {} threads", model.empty() ? "unknown model" : model, threads);
     c.facts = bench::describe_cpu(threads);
+    if (!a.isa.empty() && a.isa != "auto")  // the path the run is forced onto
+      for (auto& f : c.facts)
+        if (f.first == "isa") f.second = a.isa;
     c.facts.insert(c.facts.begin(), {"model", model.empty() ? "unknown" : model});
   }
   return c;

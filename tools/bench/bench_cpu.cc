@@ -355,9 +355,6 @@ std::vector<uint16_t> to_bf16(const float* p, int64_t n) {
 
 }  // namespace
 
-namespace {
-CpuIsa g_run_isa = CpuIsa::kAuto;  // the ISA path the last run_cpu_bench ran (describe_cpu reports it)
-}  // namespace
 
 std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
   const int threads = cfg.threads > 0 ? cfg.threads : default_num_threads();
@@ -377,7 +374,6 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
     }
     ~IsaScope() { set_cpu_isa(CpuIsa::kAuto); }
   } isa_scope(cfg.isa);
-  g_run_isa = active_cpu_isa();
   const int64_t llc = llc_bytes();
   const int64_t read_bytes = read_buffer_bytes(cfg.cases, llc);
   std::vector<BenchRow> rows;
@@ -682,8 +678,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
 }
 
 DeviceFacts describe_cpu(int threads) {
-  return {{"isa", cpu_isa_name(g_run_isa != CpuIsa::kAuto ? g_run_isa : active_cpu_isa())},
-          {"threads", std::to_string(threads)}};
+  return {{"isa", cpu_isa_name(active_cpu_isa())}, {"threads", std::to_string(threads)}};
 }
 
 }  // namespace qhead::bench
