@@ -2,7 +2,7 @@
 """Writes docs/accuracy.md from the JSON that `qhead agree --json` (and `qhead generate --json`)
 wrote; every figure on the page comes from those files, which say how they were made.
 
-    python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-quantizers.json docs/accuracy/*-bits.json docs/accuracy/*-embedding.json docs/accuracy/generate_*.json [-o docs/accuracy.md]
+    python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-quantizers.json docs/accuracy/*-bits.json docs/accuracy/*-embedding.json docs/accuracy/*-int8x.json docs/accuracy/generate_*.json [-o docs/accuracy.md]
 
 A file is an agree result when it has "records", a generate result when it has "prompts".
 """
@@ -204,6 +204,19 @@ def main(argv=None):
                     out.append(f"| {r['embedding']} " + line)
                 out.append("")
                 continue
+            if any(r.get("activations") == "int8" for r in head):
+                # The CPU kernels' int8-activation mode beside the exact one, same tables and states.
+                out += [f"## {model}: the CPU int8-activation mode", "",
+                        f"The same quantized tables measured twice on the same {head[0]['states']} states: with the "
+                        f"CPU kernels' exact f32 activations and with x quantized per block of 32 to int8 "
+                        f"(`set_cpu_activations(kInt8)`, integer dot products). Run: "
+                        f"`{meta.get('command', 'qhead agree')}` — {meta['date']}, qhead "
+                        f"{meta.get('qhead_commit') or ''}; JSON `{os.path.relpath(f, os.path.dirname(args.out))}`.",
+                        "", "| activations " + agree_table(head)[0], "|---" + agree_table(head)[1]]
+                for r, line in zip(head, agree_table(head)[2:]):
+                    out.append(f"| {r.get('activations', 'exact')} " + line)
+                out.append("")
+                continue
             qset = set(r.get("quantizer", "rtn") for r in head)
             if len(qset) > 1:
                 cal = m.get("calibration") or {}
@@ -272,9 +285,11 @@ def main(argv=None):
             "calibrate, the rest are measured",
             "qhead agree --model smollm2 --n 4000 --schemes w8,w4g64 --rescore 8 --embedding same --threads 2 "
             "--json docs/accuracy/smollm2-embedding.json   # and gemma3",
+            "qhead agree --model smollm2 --schemes w4g64,w8 --rescore 8 --cpu-activations exact,int8 --n 6000 "
+            "--json docs/accuracy/smollm2-int8x.json",
             "qhead generate --model gemma3 --head w4g64 --rescore 8 --validation --new-tokens 64 --threads 2 "
             "--json docs/accuracy/generate_cpu_gemma3_w4g64_r8.json   # and the other generate_*.json",
-            "python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-quantizers.json docs/accuracy/*-bits.json docs/accuracy/*-embedding.json docs/accuracy/generate_*.json",
+            "python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-quantizers.json docs/accuracy/*-bits.json docs/accuracy/*-embedding.json docs/accuracy/*-int8x.json docs/accuracy/generate_*.json",
             "```", ""]
     tmp = args.out + ".tmp"
     with open(tmp, "w") as fh:

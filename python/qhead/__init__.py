@@ -62,6 +62,9 @@ from ._C import (  # noqa: F401  (re-exported)
     quantize,
     quantize_roles,
     set_num_threads,
+    set_cpu_activations,
+    cpu_activations,
+    cpu_int8_available,
 )
 
 __version__ = _C.__version__
@@ -71,7 +74,7 @@ __all__ = [
     "Scheme", "Table", "TokenTables", "ModelInfo", "Role", "GgufFile",
     "quantize", "quantize_roles", "load_packed", "inspect_model", "load_model_tables", "load_gguf_tables",
     "embed", "logits", "topk", "rescore", "to_device",
-    "set_num_threads", "num_threads", "cuda_available", "cuda_synchronize", "cuda_allocated_bytes",
+    "set_num_threads", "num_threads", "set_cpu_activations", "cpu_activations", "cpu_int8_available", "cuda_available", "cuda_synchronize", "cuda_allocated_bytes",
     "__version__",
 ]
 

@@ -457,7 +457,8 @@ def _rescore_fn(dense_table, x: Tensor) -> Callable[[Tensor], Tensor]:
 def compare(hidden: Tensor, table: Tensor, tables: Dict[str, Any], ks: Sequence[int], *,
             targets: Optional[Tensor] = None, dense_hidden: Optional[Tensor] = None,
             rescore_dtype: torch.dtype = torch.float32, out_dtype: torch.dtype = torch.float32,
-            log: Callable[[str], None] = _log) -> Tuple[Dict[Tuple[str, int], _Acc], Tensor, Optional[Tensor]]:
+            log: Callable[[str], None] = _log, modes: Optional[Dict[str, str]] = None
+            ) -> Tuple[Dict[Tuple[str, int], _Acc], Tensor, Optional[Tensor]]:
     """Per-state statistics of every quantized table in ``tables`` (name -> qhead.Table, or the
     dequantized f32 [V, H] values of one as a tensor) against
     the dense head ``table`` [V, H] on the states ``hidden`` [N, H], for K = 0 and each K in
@@ -486,7 +487,14 @@ def compare(hidden: Tensor, table: Tensor, tables: Dict[str, Any], ks: Sequence[
         for name, tab in tables.items():
             # A torch tensor: the dequantized values of a table without fused kernels (the
             # reference path), multiplied in f32 by BLAS.
-            q = x @ tab.T if isinstance(tab, Tensor) else qhead.logits(tab, x)
+            if isinstance(tab, Tensor):
+                q = x @ tab.T
+            else:
+                qhead.set_cpu_activations((modes or {}).get(name, "exact"))
+                try:
+                    q = qhead.logits(tab, x)
+                finally:
+                    qhead.set_cpu_activations("exact")
             per = stats.compare_logits(dr, q, [0, *ks], exact=exact)
             for k, r in per.items():
                 accs[(name, k)].add(agree=r.agree, displaced=r.displaced, kl=r.kl, dp_top=r.dp_top, dp_target=r.dp_target, nll=r.nll,
@@ -542,12 +550,21 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
         embedding: Sequence[str] = (), quantizer: Any = "rtn", rescore_dtype: str = "f32",
         scale_dtype: Optional[str] = None, window: int = 512, new_tokens: int = 64, generation: bool = True,
         capture_all: bool = False, calibration_states: int = DEFAULT_CALIBRATION_STATES,
+        cpu_activations: Sequence[str] = ("exact",),
         log: Callable[[str], None] = _log) -> Dict[str, Any]:
     """The whole harness (the CLI's work): returns {"meta": ..., "records": [...], "models": {...}}.
     With ``n`` and no states file yet, about n states are captured (not all the corpus) unless
     ``capture_all``. ``quantizer``: a name or a list of names (QUANTIZERS); with a calibrated one,
     ``calibration_states`` corpus states are held out as its calibration set and every quantizer is
-    measured on the rest."""
+    measured on the rest. ``cpu_activations``: the CPU kernels' activation modes each fused table
+    is measured in ("exact", "int8": qhead.set_cpu_activations); records of the int8 mode carry
+    ``"activations": "int8"``."""
+    acts = list(dict.fromkeys(cpu_activations))
+    for a in acts:
+        if a not in ("exact", "int8"):
+            raise ValueError(f"agree: --cpu-activations {a!r}: exact or int8")
+    if not acts:
+        raise ValueError("agree: --cpu-activations is empty")
     quantizers = [quantizer] if isinstance(quantizer, str) else list(quantizer)
     if not quantizers:
         raise ValueError("agree: --quantizer is empty")
@@ -600,7 +617,7 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
         w = st.table
         mdt = getattr(torch, st.meta.get("model_dtype", "float32"))
         sd = scale_dtype or {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}[mdt]
-        tables, labels, skipped, t_quant = {}, {}, {}, {}
+        tables, labels, skipped, t_quant, modes = {}, {}, {}, {}, {}
         for q in quantizers:
             for s in schemes:
                 name = s if len(quantizers) == 1 else f"{q}:{s}"
@@ -616,13 +633,17 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
                 path_kind = "fused" if qhead.Scheme(s).bits in FUSED_BITS else "reference (dequantized)"
                 if path_kind != "fused":
                     tab = torch.from_numpy(tab.dequantize())
-                tables[name] = tab
-                labels[name] = {"scheme": s, "quantizer": q, "path": path_kind}
+                for a in (acts if path_kind == "fused" else acts[:1]):
+                    key = name if a == acts[0] else f"{name}@{a}"
+                    tables[key] = tab
+                    labels[key] = {"scheme": s, "quantizer": q, "path": path_kind,
+                                   "activations": a if path_kind == "fused" else "exact"}
+                    modes[key] = a if path_kind == "fused" else "exact"
         log(f"{st.meta['model']}: {len(tables)} tables quantized ({', '.join(quantizers)}) in "
             f"{sum(t_quant.values()):.1f} s; comparing {len(st)} states, K = 0, {', '.join(map(str, ks))}")
         t1 = time.time()
         accs, ties, nll_d = compare(st.hidden, w, tables, ks, targets=st.target, rescore_dtype=rdt, out_dtype=mdt,
-                                    log=log)
+                                    log=log, modes=modes)
         base = {"model": st.meta["model"], "quantizer": quantizers[0], "embedding": "dense", "scale_dtype": sd,
                 "rescore_dtype": rescore_dtype}
         records += _records(accs, ties, nll_d, st.source, base, list(tables), labels)
@@ -714,7 +735,8 @@ def format_table(result: Dict[str, Any]) -> str:
     for r in result["records"]:
         dppl = f"{r['dppl_pct']:+.2f}" if "dppl_pct" in r else "-"
         lines.append(
-            f"| {r['model']} | {r.get('quantizer', 'rtn')} | {r['scheme']} | {r['embedding']} | {r['rescore']} | {r['states']} | {r['ties']} | "
+            f"| {r['model']} | {r.get('quantizer', 'rtn')} | {r['scheme']}{' (int8 x)' if r.get('activations') == 'int8' else ''} | "
+            f"{r['embedding']} | {r['rescore']} | {r['states']} | {r['ties']} | "
             f"{_pct(r['top1_agreement'])} [{_pct(r['wilson_lo'])}, {_pct(r['wilson_hi'])}] | "
             f"{r['flips_per_1k']:.2f} ({r['flips_outside_ties_per_1k']:.2f}) | {r['top5_overlap']:.4f} | "
             f"{r['top10_overlap']:.4f} | {r['kl_mean']:.2e} | {r['kl_p99']:.2e} | {r['kl_p999']:.2e} | "
@@ -736,7 +758,11 @@ def plot(result: Dict[str, Any], path: str) -> None:
     for row, m in enumerate(models):
         rs = [r for r in recs if r["model"] == m]
         many = len(set(r.get("quantizer", "rtn") for r in rs)) > 1
-        name = (lambda r: f"{r.get('quantizer', 'rtn')} {r['scheme']}") if many else (lambda r: r["scheme"])
+        int8 = any(r.get("activations") == "int8" for r in rs)
+
+        def name(r, many=many, int8=int8):
+            n = f"{r.get('quantizer', 'rtn')} {r['scheme']}" if many else r["scheme"]
+            return n + (f" {r.get('activations', 'exact')}" if int8 else "")
         schemes = list(dict.fromkeys(name(r) for r in rs))
         ks = sorted(set(r["rescore"] for r in rs))
         width = 0.8 / len(ks)
@@ -827,6 +853,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help=f"corpus states held out as GPTQ's calibration set (default {DEFAULT_CALIBRATION_STATES}); "
                          "with a GPTQ quantizer every quantizer is measured on the other states")
     ap.add_argument("--scale-dtype", choices=("f32", "f16", "bf16"), help="default: the model's dtype")
+    ap.add_argument("--cpu-activations", default="exact",
+                    help="the CPU kernels' activation modes to measure each fused table in, comma list of exact, "
+                         "int8 (default exact; int8: qhead.set_cpu_activations)")
     ap.add_argument("--window", type=int, default=512, help="teacher-forced window in tokens (default 512)")
     ap.add_argument("--new-tokens", type=int, default=64, help="tokens per generation (default 64)")
     ap.add_argument("--no-generation", action="store_true", help="teacher-forced states only")
@@ -856,6 +885,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ks = _ints(args.rescore, "--rescore")
         emb = [] if args.embedding in ("none", "") else _parse_list(args.embedding, "--embedding")
         quantizers = _parse_list(args.quantizer, "--quantizer")
+        acts = _parse_list(args.cpu_activations, "--cpu-activations")
+        for a in acts:
+            if a not in ("exact", "int8"):
+                raise ValueError(f"agree: --cpu-activations {a!r}: exact or int8")
         for q in quantizers:
             if q not in QUANTIZERS:
                 raise ValueError(f"agree: --quantizer {q!r}: one of {', '.join(QUANTIZERS)}")
@@ -879,7 +912,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                      embedding=emb, quantizer=quantizers, calibration_states=args.calibration_states,
                      rescore_dtype=args.rescore_dtype,
                      scale_dtype=args.scale_dtype, window=args.window, new_tokens=args.new_tokens,
-                     generation=not args.no_generation, capture_all=args.capture_all)
+                     generation=not args.no_generation, capture_all=args.capture_all, cpu_activations=acts)
     except (ValueError, qhead.Error) as e:
         _usage_error(e)
         return 2

@@ -20,6 +20,7 @@
 
 #include "binding.h"
 #include "qhead/cuda.h"
+#include "qhead/error.h"
 #include "qhead/ops.h"
 #include "torch_api.h"
 
@@ -219,6 +220,26 @@ void register_ops(nb::module_& m) {
         "Worker threads of the CPU ops (the caller included); n <= 0: the default (hardware threads, or "
         "QHEAD_NUM_THREADS). Call it between ops.");
   m.def("num_threads", &num_threads, "Worker threads of the CPU ops.");
+  m.def(
+      "set_cpu_activations",
+      [](const std::string& mode) {
+        if (mode == "exact")
+          set_cpu_activations(CpuActivations::kExact);
+        else if (mode == "int8")
+          set_cpu_activations(CpuActivations::kInt8);
+        else
+          throw Error(ErrorCode::kInvalidArgument, "set_cpu_activations",
+                      "mode '" + mode + "': one of exact, int8");
+      },
+      nb::arg("mode"),
+      "The CPU kernels' activation precision, process-wide: 'exact' (default: x as f32) or 'int8' (x "
+      "quantized per block of 32, integer dot products; |dlogit| <= sum_j |w_j| s_b(j) / 2). Call it "
+      "between ops.");
+  m.def(
+      "cpu_activations", [] { return std::string(cpu_activations() == CpuActivations::kInt8 ? "int8" : "exact"); },
+      "The CPU kernels' activation precision: 'exact' or 'int8'.");
+  m.def("cpu_int8_available", &cpu_int8_available,
+        "Whether the int8 activation mode takes effect with the active CPU kernels.");
   m.def("cuda_available", &cuda::available, "True when qhead was built with CUDA and a device is visible.");
   m.def(
       "cuda_synchronize",

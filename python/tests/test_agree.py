@@ -130,3 +130,25 @@ def test_cli_errors_exit_2(args, needle):
     p = subprocess.run([sys.executable, "-m", "qhead.agree", *args], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2, p.stderr
     assert needle in p.stderr
+
+
+def test_int8_activations_are_measured_beside_exact(result):
+    """--cpu-activations exact,int8: every fused table twice, the int8 records labelled, their
+    logits those of the int8 mode (not the exact ones: KL and agreement differ somewhere), and the
+    mode back to exact afterwards."""
+    import qhead
+
+    _, path = result
+    r = agree.run(["smollm2"], states=path, n=200, schemes=["w4g64"], rescore=[8], cpu_activations=["exact", "int8"],
+                  log=lambda m: None)
+    exact = [x for x in r["records"] if x.get("activations") == "exact"]
+    int8 = [x for x in r["records"] if x.get("activations") == "int8"]
+    assert len(exact) == len(int8) == 2  # K = 0 and 8
+    e0 = next(x for x in exact if x["rescore"] == 0)
+    i0 = next(x for x in int8 if x["rescore"] == 0)
+    assert e0["kl_mean"] != i0["kl_mean"]
+    assert qhead.cpu_activations() == "exact"
+    assert "(int8 x)" in agree.format_table(r)
+    with pytest.raises(ValueError, match="cpu-activations"):
+        agree.run(["smollm2"], states=path, n=10, schemes=["w4g64"], rescore=[8], cpu_activations=["fp8"],
+                  log=lambda m: None)
