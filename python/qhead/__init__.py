@@ -73,8 +73,9 @@ __all__ = [
     "Error", "InvalidArgumentError", "InvalidFileError", "IoError", "UnsupportedError", "InternalError",
     "Scheme", "Table", "TokenTables", "ModelInfo", "Role", "GgufFile",
     "quantize", "quantize_roles", "load_packed", "inspect_model", "load_model_tables", "load_gguf_tables",
-    "embed", "logits", "topk", "rescore", "to_device",
-    "set_num_threads", "num_threads", "set_cpu_activations", "cpu_activations", "cpu_int8_available", "cuda_available", "cuda_synchronize", "cuda_allocated_bytes",
+    "embed", "logits", "topk", "sample", "rescore", "to_device",
+    "set_num_threads", "num_threads", "set_cpu_activations", "cpu_activations", "cpu_int8_available",
+    "cuda_available", "cuda_synchronize", "cuda_allocated_bytes",
     "__version__",
 ]
 
@@ -203,6 +204,21 @@ def topk(table, x, k, values=None, ids=None, lse=None, *, stream=None):
         lse = _empty(x, (m,), "f32", "topk")
     _C.topk(table, x, k, values, ids, lse, stream=_stream(x, stream))
     return values, ids, lse
+
+
+def sample(table, x, ids=None, *, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, offset=0, stream=None):
+    """One token id per row of x, drawn exactly from softmax(logits / temperature) truncated by top_k
+    (0: none), top_p (1: none) and min_p (0: none), without storing the [M, V] logits; temperature 0:
+    the argmax. Reproducible: Philox4x32-10 keyed by seed, counter (row, offset, column); pass the
+    decode step as offset.
+
+    x: f32/f16/bf16 [M, H]; returns ids int32 [M], allocated like x where not given.
+    """
+    if ids is None:
+        ids = _empty(x, (_rows(x),), "i32", "sample")
+    _C.sample(table, x, ids, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
+              offset=offset, stream=_stream(x, stream))
+    return ids
 
 
 def rescore(dense_table, x, candidates, values=None, ids=None, *, stream=None):

@@ -175,3 +175,18 @@ def test_cuda_distribution_and_cpu_agreement(small, setting):
     a = call(big, x, *setting, seed=9, offset=1)
     b = call(big.to("cuda"), x.cuda(), *setting, seed=9, offset=1).cpu()
     assert int((a == b).sum()) >= 16
+
+
+def test_core_api_sample_on_numpy_and_torch():
+    """qhead.sample (the core API, no torch ops): numpy and torch inputs, ids allocated like x."""
+    import numpy as np
+
+    t = qhead.quantize(random_weight(301, 64, 20).numpy(), "w4g64")
+    x = random_x((4, 64), 21).numpy()
+    a = qhead.sample(t, x, temperature=0.8, top_p=0.9, seed=2, offset=1)
+    assert isinstance(a, np.ndarray) and a.dtype == np.int32 and a.shape == (4,)
+    b = qhead.sample(t, torch.from_numpy(x), temperature=0.8, top_p=0.9, seed=2, offset=1)
+    assert torch.equal(torch.from_numpy(a), b)
+    assert int(a.min()) >= 0 and int(a.max()) < 301
+    with pytest.raises(qhead.InvalidArgumentError, match="top_p"):
+        qhead.sample(t, x, top_p=2.0)
