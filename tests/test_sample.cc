@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/kernels.h"
 #include "ops/sample.h"
 #include "qhead/cuda.h"
 #include "qhead/ops.h"
@@ -54,6 +56,44 @@ TEST(SamplePhilox, UniformsAndNoiseStayInRange) {
     EXPECT_GT(u, 0.0);
     EXPECT_LT(u, 1.0);
   }
+}
+
+// The CPU kernels' vectorized noise is the scalar noise of sample.h up to the
+// last bits of the logarithm (Cephes logf against libm's): the same Philox
+// words, |Δg| <= 1e-6 · (1 + |g|), for every ISA path, at odd group offsets
+// and counts.
+TEST(SamplePhilox, VectorNoiseMatchesTheScalarNoise) {
+  std::vector<CpuIsa> isas;
+  for (CpuIsa i : available_cpu_isas())
+    if (i != CpuIsa::kReference) isas.push_back(i);
+  if (isas.empty()) GTEST_SKIP() << "no vector ISA path on this CPU";
+  const uint64_t seed = 0x0123456789abcdefull, offset = 0xfedcba9876543210ull;
+  for (CpuIsa isa : isas) {
+    set_cpu_isa(isa);
+    const cpu::KernelTable* kt = cpu::active_kernels();
+    ASSERT_NE(kt, nullptr);
+    double worst = 0.0;
+    for (uint32_t row : {0u, 1u, 77u})
+      for (uint32_t g0 : {0u, 5u, 1000003u}) {
+        const int64_t groups = 4099;
+        std::vector<float> out(static_cast<size_t>(4 * groups), std::numeric_limits<float>::quiet_NaN());
+        kt->gumbel_noise(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), row,
+                         static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32) & ~sampling::kDrawStream, g0,
+                         groups, out.data());
+        for (int64_t g = 0; g < groups; ++g) {
+          const sampling::Philox4 w = sampling::gumbel_words(seed, offset, row, g0 + static_cast<uint32_t>(g));
+          for (int e = 0; e < 4; ++e) {
+            const double want = sampling::gumbel(w.v[e]), got = out[static_cast<size_t>(4 * g + e)];
+            const double err = std::fabs(got - want);
+            worst = std::max(worst, err / (1.0 + std::fabs(want)));
+            ASSERT_LE(err, 1e-6 * (1.0 + std::fabs(want))) << cpu_isa_name(isa) << " row " << row << " group "
+                                                           << g0 + g << " word " << e;
+          }
+        }
+      }
+    std::printf("[ INFO     ] %s noise: largest |Δg| / (1 + |g|) = %.2e\n", cpu_isa_name(isa), worst);
+  }
+  set_cpu_isa(CpuIsa::kAuto);
 }
 
 // The distribution the contract defines, in f64, from f64 logits.

@@ -529,7 +529,7 @@ bool sample_gumbel(const Table& table, const TensorView& x, float inv_temperatur
   // (perturbed value, id). The noise of a column depends on (seed, offset,
   // row, column) only, so the result does not depend on the thread count.
   struct PerThread {
-    std::vector<float> scratch, buf;
+    std::vector<float> scratch, buf, noise;
     std::vector<Cand> best;
   };
   std::vector<PerThread> st(static_cast<size_t>(p->size()));
@@ -539,24 +539,27 @@ bool sample_gumbel(const Table& table, const TensorView& x, float inv_temperatur
       t.scratch.resize(static_cast<size_t>(px.scratch_floats));
       t.buf.resize(static_cast<size_t>(m * kBlockRows));
       t.best.assign(static_cast<size_t>(m), Cand{-std::numeric_limits<float>::infinity(), -1});
+      t.noise.resize(static_cast<size_t>(kBlockRows));
     }
     const int64_t r0 = b * kBlockRows, r1 = std::min(v, r0 + kBlockRows), n = r1 - r0;
     px.block(a, m, r0, r1, t.buf.data(), kBlockRows, t.scratch.data());
     for (int64_t i = 0; i < m; ++i) {
       const float* l = t.buf.data() + i * kBlockRows;
       Cand& best = t.best[static_cast<size_t>(i)];
-      int64_t have = -1;  // the column group whose four words `words` holds
-      sampling::Philox4 words{};
+      float z[kBlockRows];
+      float zmax = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < n; ++j) {
-        const float z = l[j] * inv_temperature;
-        if (z + sampling::kGumbelBound < best.value) continue;  // no noise can lift it to the best
-        const int64_t col = r0 + j;
-        if (col / 4 != have) {
-          have = col / 4;
-          words = sampling::gumbel_words(seed, offset, static_cast<uint32_t>(i), static_cast<uint32_t>(have));
-        }
-        const Cand c{z + sampling::gumbel(words.v[col % 4]), static_cast<int32_t>(col)};
-        if (better(c, best) || best.id < 0) best = c;
+        z[j] = l[j] * inv_temperature;
+        zmax = std::max(zmax, z[j]);
+      }
+      if (best.id >= 0 && zmax + sampling::kGumbelBound < best.value) continue;  // no noise lifts any to the best
+      // The block's noise, vectorized (r0 is a multiple of 4: whole groups).
+      kt->gumbel_noise(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(i),
+                       static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32) & ~sampling::kDrawStream,
+                       static_cast<uint32_t>(r0 / 4), (n + 3) / 4, t.noise.data());
+      for (int64_t j = 0; j < n; ++j) {
+        const Cand c{z[j] + t.noise[static_cast<size_t>(j)], static_cast<int32_t>(r0 + j)};
+        if (best.id < 0 || better(c, best)) best = c;
       }
     }
   }, sched());

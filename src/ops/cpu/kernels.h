@@ -120,6 +120,12 @@ struct KernelTable {
   int int8_vnni;
   void (*logits_block_int8_madd)(const PackedArgs& a, const Int8X& x, int64_t m, int64_t r0, int64_t r1,
                                  float* out, int64_t ldo, float* scratch);
+  // The sample op's Gumbel noise (src/ops/sample.h) of columns 4·g0 ..
+  // 4·(g0 + groups) - 1 of `row`: Philox4x32-10 with key (k0, k1) and counter
+  // (g, row, c2, c3), then -log(-log u) with a vectorized log (< 2 ulp from
+  // logf), into out[4 · groups] in column order.
+  void (*gumbel_noise)(uint32_t k0, uint32_t k1, uint32_t row, uint32_t c2, uint32_t c3, uint32_t g0, int64_t groups,
+                       float* out);
   // Row r dequantized into out[H] (natural order), exactly as the reference:
   // w = float(q - z) * s.
   void (*dequant_row)(const PackedArgs& a, int64_t r, float* out);

@@ -534,6 +534,7 @@ inline VI vload_bytes_partial(const uint8_t* p, int64_t n) {
   return _mm512_maskz_loadu_epi8(n >= 64 ? ~0ull : (1ull << n) - 1ull, p);
 }
 inline VI vand_i(VI a, VI b) { return _mm512_and_si512(a, b); }
+inline VI vor_i(VI a, VI b) { return _mm512_or_si512(a, b); }
 inline VI vadd_i(VI a, VI b) { return _mm512_add_epi32(a, b); }
 inline VI vsrl16_4(VI a) { return _mm512_srli_epi16(a, 4); }
 inline VI vset_i8(char c) { return _mm512_set1_epi8(c); }
@@ -553,6 +554,7 @@ inline VI vload_bytes_partial(const uint8_t* p, int64_t n) {
   return _mm256_maskload_epi32(reinterpret_cast<const int*>(p), _mm256_cmpgt_epi32(vset_i(static_cast<int>(n / 4)), lane));
 }
 inline VI vand_i(VI a, VI b) { return _mm256_and_si256(a, b); }
+inline VI vor_i(VI a, VI b) { return _mm256_or_si256(a, b); }
 inline VI vadd_i(VI a, VI b) { return _mm256_add_epi32(a, b); }
 inline VI vsrl16_4(VI a) { return _mm256_srli_epi16(a, 4); }
 inline VI vset_i8(char c) { return _mm256_set1_epi8(c); }
@@ -594,6 +596,108 @@ __attribute__((always_inline)) inline VI dot8(VI acc, VI u, VI s) {
 #include "ops/cpu/kernels_int8.h"
 #undef QHEAD_INT8_TARGET
 }  // namespace int8_madd
+
+// ---- the sample op's Gumbel noise ------------------------------------------------------
+//
+// The noise of src/ops/sample.h for `groups` consecutive groups of four
+// columns (group g: Philox4x32-10 of counter (g, row, c2, c3) and key
+// (k0, k1), word e for column 4g + e), into out[4 · groups] in column order:
+// -log(-log u), u = ((w >> 9) + 1/2) / 2^23. Philox runs on W groups per
+// vector (32-bit lanes; the high half of each product from two vpmuludq on
+// even and odd lanes); the logarithm is Cephes' logf polynomial (< 2 ulp on
+// normal numbers, which every argument here is: u >= 2^-24, -log u >= 2^-24).
+#if defined(QHEAD_ISA_AVX512)
+inline VI vmullo_u32(VI a, VI b) { return _mm512_mullo_epi32(a, b); }
+inline VI vmulhi_u32(VI a, VI b) {
+  const VI even = _mm512_srli_epi64(_mm512_mul_epu32(a, b), 32);
+  const VI odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), _mm512_srli_epi64(b, 32));
+  return _mm512_mask_blend_epi32(static_cast<__mmask16>(0xAAAA), even, odd);
+}
+inline VI vxor_i(VI a, VI b) { return _mm512_xor_si512(a, b); }
+inline VI vsrl_i(VI a, int n) { return _mm512_srli_epi32(a, static_cast<unsigned>(n)); }
+inline VI vsetr_seq(int base) {
+  return _mm512_add_epi32(vset_i(base), _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+inline VF vcast_f(VI a) { return _mm512_castsi512_ps(a); }
+inline VI vcast_i(VF a) { return _mm512_castps_si512(a); }
+inline VF vselect(VF a, VF b, VF lt_l, VF lt_r) {  // lt_l < lt_r ? b : a
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(lt_l, lt_r, _CMP_LT_OQ), a, b);
+}
+inline void vstore_i(uint32_t* p, VI v) { _mm512_storeu_si512(p, v); }
+#else
+inline VI vmullo_u32(VI a, VI b) { return _mm256_mullo_epi32(a, b); }
+inline VI vmulhi_u32(VI a, VI b) {
+  const VI even = _mm256_srli_epi64(_mm256_mul_epu32(a, b), 32);
+  const VI odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), _mm256_srli_epi64(b, 32));
+  return _mm256_blend_epi32(even, odd, 0xAA);
+}
+inline VI vxor_i(VI a, VI b) { return _mm256_xor_si256(a, b); }
+inline VI vsrl_i(VI a, int n) { return _mm256_srli_epi32(a, n); }
+inline VI vsetr_seq(int base) { return _mm256_add_epi32(vset_i(base), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)); }
+inline VF vcast_f(VI a) { return _mm256_castsi256_ps(a); }
+inline VI vcast_i(VF a) { return _mm256_castps_si256(a); }
+inline VF vselect(VF a, VF b, VF lt_l, VF lt_r) { return _mm256_blendv_ps(a, b, _mm256_cmp_ps(lt_l, lt_r, _CMP_LT_OQ)); }
+inline void vstore_i(uint32_t* p, VI v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+#endif
+
+// log(x) for normal x > 0 (Cephes logf).
+inline VF vlog(VF x) {
+  const VI bits = vcast_i(x);
+  const VF ef0 = vcvt(vsub_i(vsrl_i(bits, 23), vset_i(126)));
+  const VF m0 = vcast_f(vor_i(vand_i(bits, vset_i(0x007FFFFF)), vset_i(0x3F000000)));  // [0.5, 1)
+  const VF one = vset(1.0f);
+  // m0 < sqrt(1/2): m = 2·m0 - 1 and e - 1; else m = m0 - 1 and e.
+  const VF sqrth = vset(0.707106781186547524f);
+  const VF m = vselect(vsub(m0, one), vsub(vadd(m0, m0), one), m0, sqrth);
+  const VF ef = vselect(ef0, vsub(ef0, one), m0, sqrth);
+  const VF z = vmul(m, m);
+  VF p = vset(7.0376836292e-2f);
+  p = vfma(p, m, vset(-1.1514610310e-1f));
+  p = vfma(p, m, vset(1.1676998740e-1f));
+  p = vfma(p, m, vset(-1.2420140846e-1f));
+  p = vfma(p, m, vset(1.4249322787e-1f));
+  p = vfma(p, m, vset(-1.6668057665e-1f));
+  p = vfma(p, m, vset(2.0000714765e-1f));
+  p = vfma(p, m, vset(-2.4999993993e-1f));
+  p = vfma(p, m, vset(3.3333331174e-1f));
+  VF y = vmul(vmul(p, m), z);
+  y = vfma(ef, vset(-2.12194440e-4f), y);
+  y = vfma(z, vset(-0.5f), y);
+  return vfma(ef, vset(0.693359375f), vadd(m, y));
+}
+
+void gumbel_noise(uint32_t k0, uint32_t k1, uint32_t row, uint32_t c2, uint32_t c3, uint32_t g0, int64_t groups,
+                  float* out) {
+  alignas(64) uint32_t words[4][W];
+  for (int64_t gb = 0; gb < groups; gb += W) {
+    VI x0 = vsetr_seq(static_cast<int>(g0 + static_cast<uint32_t>(gb))), x1 = vset_i(static_cast<int>(row)),
+       x2 = vset_i(static_cast<int>(c2)), x3 = vset_i(static_cast<int>(c3));
+    VI key0 = vset_i(static_cast<int>(k0)), key1 = vset_i(static_cast<int>(k1));
+    const VI m0 = vset_i(static_cast<int>(0xD2511F53u)), m1 = vset_i(static_cast<int>(0xCD9E8D57u));
+    const VI w0 = vset_i(static_cast<int>(0x9E3779B9u)), w1 = vset_i(static_cast<int>(0xBB67AE85u));
+    for (int r = 0; r < 10; ++r) {
+      const VI hi0 = vmulhi_u32(m0, x0), lo0 = vmullo_u32(m0, x0);
+      const VI hi1 = vmulhi_u32(m1, x2), lo1 = vmullo_u32(m1, x2);
+      const VI n0 = vxor_i(vxor_i(hi1, x1), key0), n2 = vxor_i(vxor_i(hi0, x3), key1);
+      x0 = n0;
+      x1 = lo1;
+      x2 = n2;
+      x3 = lo0;
+      key0 = vadd_i(key0, w0);
+      key1 = vadd_i(key1, w1);
+    }
+    const VI xs[4] = {x0, x1, x2, x3};
+    for (int e = 0; e < 4; ++e) {
+      // u = ((w >> 9) + 1/2) · 2^-23, then -log(-log u).
+      const VF u = vmul(vadd(vcvt(vsrl_i(xs[e], 9)), vset(0.5f)), vset(0x1p-23f));
+      const VF g = vsub(vzero(), vlog(vsub(vzero(), vlog(u))));
+      vstore_i(words[e], vcast_i(g));
+    }
+    const int64_t n = groups - gb < W ? groups - gb : W;
+    for (int64_t q = 0; q < n; ++q)
+      for (int e = 0; e < 4; ++e) std::memcpy(out + 4 * (gb + q) + e, &words[e][q], 4);
+  }
+}
 
 // ---- gather ------------------------------------------------------------------------
 
@@ -783,7 +887,7 @@ constexpr auto* kLogitsInt8 = static_cast<decltype(KernelTable::logits_block_int
 
 const KernelTable kTable = {
     QHEAD_ISA_NAME, Deq4::CE, Deq8::CE, 8 * W, 4 * W, &logits_block, kLogitsInt8, kInt8Vnni,
-    &int8_madd::logits_block_int8,
+    &int8_madd::logits_block_int8, &gumbel_noise,
     &dequant_row, &topk_block, &dot_dense, &fma_burn, &read_sum, W,
 };
 
