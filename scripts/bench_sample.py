@@ -32,24 +32,17 @@ from qhead import models as qmodels
 
 def _timer(device: str):
     if device == "cuda":
-        def run(fn, reps):
-            ts = []
-            for i in range(reps):
-                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                a.record()
-                fn(i)
-                b.record()
-                b.synchronize()
-                ts.append(a.elapsed_time(b) * 1e3)
-            return statistics.median(ts)
-    else:
-        def run(fn, reps):
-            ts = []
-            for i in range(reps):
-                t0 = time.perf_counter()
-                fn(i)
-                ts.append((time.perf_counter() - t0) * 1e6)
-            return statistics.median(ts)
+        from torch_baseline import median_us  # CUDA-event medians, as the torch baseline times them
+
+        return lambda fn, reps: median_us(fn, reps=reps, warmup=0)
+
+    def run(fn, reps):
+        ts = []
+        for i in range(reps):
+            t0 = time.perf_counter()
+            fn(i)
+            ts.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(ts)
     return run
 
 
