@@ -388,7 +388,7 @@ def table_cpu_peers(benches: list[dict]) -> list[str]:
             gv = [g.get((shape, m, t, lay)) for t, lay in ggml_cols]
             four = [(v, f"{t} {lay}") for (t, lay), v in zip(ggml_cols, gv) if v and t.startswith("q4")]
             best = min(four) if four else (None, "")
-            rows.append([shape, c[1], str(m), isa, fmt_ms(fused), fmt_ms(int8), fmt_ms(q.us(c, "fused_sample"))]
+            rows.append([shape, c[1], str(m), isa, fmt_ms(fused), fmt_ms(int8), fmt_ms(q.us(c, "sample"))]
                         + [fmt_ms(None if v is None else v) for v in gv]
                         + [best[1] or "—", fmt_ratio(ratio(best[0], fused)), fmt_ratio(ratio(best[0], int8)), str(i)])
     header = ["shape", "qhead scheme", "M", "qhead ISA", "qhead fused ms", "qhead int8 mode ms", "qhead sample ms"] + \
@@ -404,12 +404,12 @@ def table_sample(benches: list[dict]) -> list[str]:
     for i, b in enumerate(benches, 1):
         ix = Index([r for r in b["rows"] if r.get("peer") != "ggml"])
         for c in ix.cases:
-            cuda = ix.row(c, "sample") is not None
+            cuda = "cuda" in device_name(b).lower() or "nvidia" in device_name(b).lower()
             fused = ix.us(c, "fused")
             topk = ix.us(c, "fused_topk")
-            full = ix.us(c, "sample" if cuda else "fused_sample")
-            tk = ix.us(c, "sample_top_k") if cuda else None
-            tp = ix.us(c, "sample_top_p" if cuda else "fused_sample_top_p")
+            full = ix.us(c, "sample")
+            tk = ix.us(c, "sample_top_k")
+            tp = ix.us(c, "sample_top_p")
             unit = fmt_us if cuda else fmt_ms
             rows.append([device_name(b), c[0], c[1], str(c[3]), "µs" if cuda else "ms", unit(fused),
                          unit(topk), unit(full), fmt_frac(ratio(full, fused)), unit(tk), fmt_frac(ratio(tk, fused)),
@@ -434,7 +434,7 @@ KIND_OF_TABLE = {"cuda": "cuda", "cuda-kernels": "cuda", "cpu": "cpu", "tp": "tp
 
 
 def has_sample_rows(bench: dict) -> bool:
-    return any(r.get("path") in ("sample", "fused_sample") for r in bench["rows"])
+    return any(r.get("path") == "sample" for r in bench["rows"])
 
 
 def generate_block(kind: str, pattern: str, root: str) -> list[str]:

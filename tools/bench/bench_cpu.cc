@@ -21,8 +21,8 @@
 //   fallback    qhead::logits_fallback: dequantize the whole table + SGEMM
 //   fused       qhead::logits (kAuto: the fused kernels of the best ISA)
 //   fused_topk  qhead::topk, k = cfg.k (the [M, V] logits are never written)
-//   fused_sample, fused_sample_top_p  qhead::sample at T = 1 (whole vocab) and
-//               at T = 0.7 with top_p = 0.9
+//   sample, sample_top_k, sample_top_p  qhead::sample at T = 1 (whole vocab),
+//               with top_k = 50, and at T = 0.7 with top_p = 0.9
 //   fused_int8  qhead::logits with set_cpu_activations(kInt8) (opt-in int8
 //               activations: VNNI vpdpbusd where the CPU has it, else
 //               vpmaddubsw + vpmaddwd);
@@ -478,7 +478,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
     struct Result {
       double t_fused = 0, t_topk = 0, t_int8 = 0, t_dense = 0, t_bf16 = 0, t_fallback = 0;
       double u_fused = 0, u_topk = 0, u_int8 = 0, u_dense = 0, u_bf16 = 0, u_fallback = 0;
-      double t_gumbel = 0, t_nucleus = 0, u_gumbel = 0, u_nucleus = 0;
+      double t_gumbel = 0, t_nucleus = 0, t_topk50 = 0, u_gumbel = 0, u_nucleus = 0, u_topk50 = 0;
       double int8_err = 0, int8_max = 0, bf16_err = 0, bf16_max = 0;
       int64_t int8_top1 = 0;
     };
@@ -524,6 +524,12 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
               sample(packed[static_cast<size_t>(i) % packed.size()], x.view(), nucleus, sid.view());
             },
             &r.u_gumbel, &r.u_nucleus);
+        SampleParams top50;
+        top50.top_k = std::min<int64_t>(50, v);
+        r.t_topk50 = time_median(cfg.reps, [&](int i) {
+          top50.offset = static_cast<uint64_t>(i);
+          sample(packed[static_cast<size_t>(i) % packed.size()], x.view(), top50, sid.view());
+        }, &r.u_topk50);
       }
       // The opt-in int8-activation mode, and its difference from the exact
       // fused path on the first copy.
@@ -627,12 +633,14 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
       rows.push_back(row("fused", q.t_fused, packed_bytes, q.u_fused, fast + "; " + packed_note));
       rows.push_back(row("fused_topk", q.t_topk, packed_bytes, q.u_topk,
                          fast + ", k = " + std::to_string(k) + "; " + packed_note));
-      rows.push_back(row("fused_sample", q.t_gumbel, packed_bytes, q.u_gumbel,
+      rows.push_back(row("sample", q.t_gumbel, packed_bytes, q.u_gumbel,
                          fast + ", qhead::sample T = 1 over the whole vocab (Gumbel-max in the logits pass); " +
                              packed_note));
-      rows.push_back(row("fused_sample_top_p", q.t_nucleus, packed_bytes, q.u_nucleus,
-                         fast + ", qhead::sample T = 0.7, top_p = 0.9 (top-1024 candidates, then the draw); " +
-                             packed_note));
+      rows.push_back(row("sample_top_k", q.t_topk50, packed_bytes, q.u_topk50,
+                         fast + ", qhead::sample T = 1, top_k = 50 (the fused top-k, then the draw); " + packed_note));
+      rows.push_back(row("sample_top_p", q.t_nucleus, packed_bytes, q.u_nucleus,
+                         fast + ", qhead::sample T = 0.7, top_p = 0.9 (top-1024 candidates, then the draw; rows whose "
+                                "cut lies past them from their whole row); " + packed_note));
       if (int8) {
         char buf[256];
         std::snprintf(buf, sizeof buf,
