@@ -5,7 +5,7 @@ table, and beside what a PyTorch user does on the dense table (F.linear, softmax
 torch.multinomial), in one process. Each call takes the next M states of the capture (the
 states of `qhead agree`), so no two calls see the same activations.
 
-    python scripts/bench_sample.py --model smollm2 [--scheme w4g64] [--m 1,8] [--reps 30]
+    python scripts/bench_sample.py --model smollm2 [--scheme w4g64] [--m 1,8] [--reps 30] [--n N]
                                    [--device cpu|cuda] [--threads N] [--json OUT.json]
 
 The states come from agree's cache (capturing them first when absent, as `qhead agree` does).
@@ -54,6 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--n", type=int, help="about this many states, as `qhead agree --n` captures them "
+                                          "(the same cache file)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     if args.reps < 1:
@@ -65,9 +67,9 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
         qhead.set_num_threads(args.threads)
     ref = qmodels.resolve(args.model)
-    path = agree.default_states_path(args.model, [], 512, 64, True, None)
+    path = agree.default_states_path(args.model, [], 512, 64, True, args.n)
     if not os.path.isfile(path):
-        st = agree.capture(args.model, log=lambda s: print(s, file=sys.stderr))
+        st = agree.capture(args.model, max_states=args.n, log=lambda s: print(s, file=sys.stderr))
         agree.save_states(st, path)
     st = agree.load_states(path)
     w = st.table.float()
