@@ -17,7 +17,8 @@
 #
 # Environment: QHEAD_FUZZ_BUILD (build directory, default build-fuzz),
 # QHEAD_FUZZ_FINDINGS (default fuzz/findings), QHEAD_FUZZ_JOBS (N > 1: libFuzzer
-# -fork=N worker processes), QHEAD_FUZZ_ARGS (extra libFuzzer flags).
+# -fork=N worker processes), QHEAD_FUZZ_ARGS (extra libFuzzer flags; -runs=N stops
+# after N executions), TMPDIR (the scratch directories; default /dev/shm where writable).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 targets=(safetensors gguf model_config shard_index gptq)
@@ -37,6 +38,9 @@ build_targets() {
 }
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+# The model-directory targets write each input to a file in a scratch directory
+# under TMPDIR: in memory (/dev/shm) they run about 2.4x faster than on disk.
+if [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 # fuzz_one TARGET SECONDS
@@ -47,24 +51,24 @@ fuzz_one() {
   log=$(mktemp)
   local fork=()
   if [ "$jobs" -gt 1 ]; then fork=(-fork="$jobs"); fi
-  local rc=0
+  local rc=0 start=$SECONDS
   # shellcheck disable=SC2086
   nice -n 15 "$bin" "${fork[@]}" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -detect_leaks=1 \
     -print_final_stats=1 -dict="fuzz/$t.dict" -artifact_prefix="$out/" ${QHEAD_FUZZ_ARGS:-} \
     "$work" "fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
   # Executions: the final stats (one process) or the last status line (-fork).
-  local execs rate
+  local execs rate took=$((SECONDS - start))
   execs=$(grep -oE '^stat::number_of_executed_units: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1 || true)
   if [ -z "$execs" ]; then execs=$(grep -oE '^#[0-9]+' "$log" | tail -1 | tr -d '#' || true); fi
   rate=$(grep -oE '^stat::average_exec_per_sec: *[0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1 || true)
-  if [ -z "$rate" ] && [ -n "$execs" ]; then rate=$((execs / (secs > 0 ? secs : 1))); fi
+  if [ -z "$rate" ] && [ -n "$execs" ]; then rate=$((execs / (took > 0 ? took : 1))); fi
   if [ "$rc" != 0 ]; then
     tail -n 60 "$log"
     echo "qhead fuzz: $t: FINDING (exit $rc) after ${execs:-?} executions; reproducer in $out/" >&2
     rm -f "$log"
     return 1
   fi
-  echo "qhead fuzz: $t: ${execs:-?} executions in ${secs} s (${rate:-?} exec/s), no findings"
+  echo "qhead fuzz: $t: ${execs:-?} executions in ${took} s (${rate:-?} exec/s), no findings"
   rm -f "$log"
 }
 

@@ -194,16 +194,17 @@ struct Setting {
   const char* name;
   SampleParams p;
 };
+SampleParams setting(float t, int64_t k, float tp, float mp) {
+  SampleParams p;
+  p.temperature = t;
+  p.top_k = k;
+  p.top_p = tp;
+  p.min_p = mp;
+  p.seed = 0x5eed0000u + static_cast<uint64_t>(t * 100) + static_cast<uint64_t>(k) * 7;
+  return p;
+}
 std::vector<Setting> settings() {
-  auto make = [](float t, int64_t k, float tp, float mp) {
-    SampleParams p;
-    p.temperature = t;
-    p.top_k = k;
-    p.top_p = tp;
-    p.min_p = mp;
-    p.seed = 0x5eed0000u + static_cast<uint64_t>(t * 100) + static_cast<uint64_t>(k) * 7;
-    return p;
-  };
+  const auto make = setting;
   return {{"T1", make(1.0f, 0, 1.0f, 0.0f)},
           {"T0.7", make(0.7f, 0, 1.0f, 0.0f)},
           {"T1.5_k10", make(1.5f, 10, 1.0f, 0.0f)},
@@ -276,11 +277,45 @@ Small small_case(DType xdt = DType::kF32) {
   return s;
 }
 
+// A vocab of 2048 whose logits spread over a few nats: these cuts keep more
+// than the 1024 candidates (or top_k is more than the GPU top-k takes), so
+// every draw comes from the whole sorted row.
+Small wide_case(DType xdt = DType::kF32) {
+  Small s;
+  s.t = Table::packed(random_packed(2048, 64, make_scheme(4, 32, false), 907));
+  s.x1 = random_tensor(xdt, 1, 64, 908, -0.5, 0.5);
+  const std::vector<float> xf = to_f32(s.x1.view());
+  s.l = f64_logits(s.t, xf.data());
+  return s;
+}
+std::vector<Setting> wide_settings() {
+  return {{"T1_p0.9", setting(1.0f, 0, 0.9f, 0.0f)},
+          {"T1_k1500", setting(1.0f, 1500, 1.0f, 0.0f)},
+          {"T0.8_k1800_p0.9", setting(0.8f, 1800, 0.9f, 0.0f)},
+          {"T1.2_minp0.1", setting(1.2f, 0, 1.0f, 0.1f)}};
+}
+int64_t kept_tokens(const std::vector<double>& l, const SampleParams& p) {
+  const std::vector<double> q = contract_probs(l, p);
+  return std::count_if(q.begin(), q.end(), [](double v) { return v > 0.0; });
+}
+
 TEST(Sample, ChiSquareFusedCpu) {
   const Small s = small_case();
   for (const Setting& st : settings()) {
     const auto counts = draw_counts(s.t, s.x1, st.p, Backend::kAuto, 4096, 245);
     expect_exact(counts, s.l, st.p, 4096 * 245, std::string("cpu fused ") + st.name);
+  }
+}
+
+// The CPU's whole-row draws (a cut past the candidates), at 1.25·10^5 draws:
+// the two settings whose 5%-off distribution that many draws reject.
+TEST(Sample, ChiSquareWholeRowsCpu) {
+  const Small s = wide_case();
+  const std::vector<Setting> all = wide_settings();
+  for (const Setting& st : {all[0], all[3]}) {
+    ASSERT_GT(kept_tokens(s.l, st.p), 1024) << st.name << ": the cut must lie past the candidates";
+    const auto counts = draw_counts(s.t, s.x1, st.p, Backend::kAuto, 512, 245);
+    expect_exact(counts, s.l, st.p, 512 * 245, std::string("cpu whole rows ") + st.name);
   }
 }
 
@@ -470,6 +505,58 @@ TEST(SampleCuda, ChiSquare) {
   for (const Setting& st : settings()) {
     const auto counts = draw_counts(dev, s.x1, st.p, Backend::kAuto, 4096, 245, true);
     expect_exact(counts, s.l, st.p, 4096 * 245, std::string("cuda ") + st.name);
+  }
+}
+
+TEST(SampleCuda, ChiSquareWholeRows) {
+  SKIP_WITHOUT_GPU();
+  const Small s = wide_case(DType::kF16);
+  const Table dev = cuda::to_device(s.t);
+  for (const Setting& st : wide_settings()) {
+    ASSERT_GT(kept_tokens(s.l, st.p), 1024) << st.name << ": the cut must lie past the candidates";
+    const auto counts = draw_counts(dev, s.x1, st.p, Backend::kAuto, 4096, 245, true);
+    expect_exact(counts, s.l, st.p, 4096 * 245, std::string("cuda whole rows ") + st.name);
+  }
+}
+
+// Rows drawn from the whole row (a cut past the candidates, top_k past what
+// the top-k takes) agree with the CPU's, draw for draw, at real vocab sizes
+// and several rows (some pending, some not).
+TEST(SampleCuda, WholeRowsAgreeWithTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int64_t v : {int64_t{50257}, int64_t{49152 + 64}}) {
+    const Table host = Table::packed(random_packed(v, 64, make_scheme(4, 32, true), 995 + uint64_t(v)));
+    const Table dev = cuda::to_device(host);
+    for (int64_t m : {int64_t{1}, int64_t{5}}) {
+      Tensor xf = random_tensor(DType::kF32, m, 64, 996, -0.3, 0.3);  // nearly flat logits
+      if (m > 1)  // a peaked row: its cut lies within the candidates
+        for (int j = 0; j < 64; ++j) xf.ptr<float>()[64 + j] *= 40.0f;
+      Tensor x = Tensor::empty(DType::kF16, {m, 64});  // CUDA takes f16/bf16 activations
+      for (int64_t i = 0; i < m * 64; ++i) store_from_f32(x.data(), DType::kF16, i, xf.ptr<float>()[i]);
+      const Tensor xd = cuda::to_device(x.view());
+      for (const Setting& st : {Setting{"p0.95", setting(1.0f, 0, 0.95f, 0.0f)},
+                                Setting{"T0.7_p0.9", setting(0.7f, 0, 0.9f, 0.0f)},
+                                Setting{"minp0.9", setting(1.0f, 0, 1.0f, 0.9f)},
+                                Setting{"k2000", setting(1.0f, 2000, 1.0f, 0.0f)},
+                                Setting{"T1.3_k3000_p0.8", setting(1.3f, 3000, 0.8f, 0.0f)}}) {
+        SampleParams p = st.p;
+        int64_t same = 0, n = 0;
+        for (uint64_t off = 0; off < 4; ++off) {
+          p.offset = off;
+          const Tensor a = sample(host, x.view(), p);
+          Tensor bd = cuda::to_device(Tensor::empty(DType::kI32, {m}).view());
+          sample(dev, xd.view(), p, bd.view());
+          const Tensor b = cuda::to_host(bd.view());
+          for (int64_t i = 0; i < m; ++i) {
+            EXPECT_GE(b.ptr<int32_t>()[i], 0);
+            EXPECT_LT(b.ptr<int32_t>()[i], v);
+            same += a.ptr<int32_t>()[i] == b.ptr<int32_t>()[i];
+          }
+          n += m;
+        }
+        EXPECT_GE(same, n - std::max<int64_t>(1, n / 50)) << st.name << " V=" << v << " M=" << m;
+      }
+    }
   }
 }
 

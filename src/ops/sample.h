@@ -95,43 +95,60 @@ struct Cut {
 //   top-p keeps the shortest prefix whose weight reaches top_p · W, W = Σ w
 //     over the top-k set with top_k, else exp(lse - z_0) (the whole row);
 //   the kept prefix of n candidates is drawn from by the inverse CDF at u.
+// Every sum over the candidates is taken in kDrawChunks chunks of
+// draw_chunk(K) consecutive candidates: a prefix is the chunks before it,
+// added in order, then its own chunk's weights in order. That is the
+// arithmetic of the GPU's one-warp draw (one lane per chunk, draw_sorted_warp
+// in src/ops/cuda/sample.cu), so both draw the same candidate from the same
+// weights.
+constexpr int kDrawChunks = 32;
+QHEAD_HD inline int64_t draw_chunk(int64_t K) { return (K + kDrawChunks - 1) / kDrawChunks; }
+
 QHEAD_HD inline int draw_sorted(const float* z, int64_t K, double lse, bool whole, const Cut& cut, double u) {
   const double z0 = z[0];
-  double total;
-  if (cut.top_k) {
-    total = 0.0;
-    for (int64_t i = 0; i < K; ++i) total += exp(static_cast<double>(z[i]) - z0);
-  } else {
-    total = exp(lse - z0);
+  const int64_t C = draw_chunk(K);
+  const auto w = [&](int64_t i) { return exp(static_cast<double>(z[i]) - z0); };
+  const auto chunk_end = [&](int c) { return (c + 1) * C < K ? (c + 1) * C : K; };
+  double base[kDrawChunks + 1];  // base[c]: the weight of the chunks before c
+  base[0] = 0.0;
+  for (int c = 0; c < kDrawChunks; ++c) {
+    double s = 0.0;
+    for (int64_t i = c * C; i < chunk_end(c); ++i) s += w(i);
+    base[c + 1] = base[c] + s;
   }
+  const double total = cut.top_k ? base[kDrawChunks] : exp(lse - z0);
   const double need = cut.top_p * total;
   int64_t n = -1;
-  double acc = 0.0;
-  for (int64_t i = 0; i < K; ++i) {
-    const double w = exp(static_cast<double>(z[i]) - z0);
-    if (i > 0 && w < cut.min_p) {  // min-p cut: i and everything after it is dropped
-      n = i;
-      break;
-    }
-    acc += w;
-    if (cut.top_p < 1.0 && acc >= need) {  // top-p cut: the prefix up to i reaches top_p
-      n = i + 1;
-      break;
+  for (int c = 0; c < kDrawChunks && n < 0; ++c) {
+    double acc = base[c];
+    for (int64_t i = c * C; i < chunk_end(c); ++i) {
+      const double wi = w(i);
+      if (i > 0 && wi < cut.min_p) {  // min-p cut: i and everything after it is dropped
+        n = i;
+        break;
+      }
+      acc += wi;
+      if (cut.top_p < 1.0 && acc >= need) {  // top-p cut: the prefix up to i reaches top_p
+        n = i + 1;
+        break;
+      }
     }
   }
   if (n < 0) {
     if (!whole) return -1;  // the cut may lie past the candidates
     n = K;
   }
-  // Inverse CDF over the kept prefix (weights recomputed: the same f64
-  // values, so the sum over the prefix is the `acc` above).
-  double kept = 0.0;
-  for (int64_t i = 0; i < n; ++i) kept += exp(static_cast<double>(z[i]) - z0);
+  // Inverse CDF over the kept prefix 0 .. n - 1.
+  const int last = static_cast<int>((n - 1) / C);
+  double kept = base[last];
+  for (int64_t i = last * C; i < n; ++i) kept += w(i);
   const double target = u * kept;
-  double c = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    c += exp(static_cast<double>(z[i]) - z0);
-    if (target < c) return static_cast<int>(i);
+  for (int c = 0; c <= last; ++c) {
+    double acc = base[c];
+    for (int64_t i = c * C; i < chunk_end(c) && i < n; ++i) {
+      acc += w(i);
+      if (target < acc) return static_cast<int>(i);
+    }
   }
   return static_cast<int>(n - 1);  // u·kept rounded up to kept
 }

@@ -406,6 +406,42 @@ struct Cand {
 };
 inline bool better(const Cand& a, const Cand& b) { return a.value > b.value || (a.value == b.value && a.id < b.id); }
 
+// One pass over the table in blocks of kBlockRows rows, for the epilogues that
+// never store the [M, V] logits: each block's logits land in a per-thread
+// [M, kBlockRows] buffer and body(state, kernels, m, r0, n, logits) consumes
+// them (row i's n logits at logits + i * kBlockRows, vocab ids r0 ...). A
+// thread's State is made by init(state, m) before its first block; st holds
+// one per worker (a worker that got no block keeps a default-constructed one).
+// false: not a packed table these kernels take (the caller falls back).
+template <class State, class Init, class Body>
+bool block_pass(const Table& table, const TensorView& x, std::vector<State>& st, Init&& init, Body&& body) {
+  const KernelTable* kt = kernels();
+  PackedArgs a;
+  if (kt == nullptr || !packed_args(table, a)) return false;
+  const int64_t m = x.size(0), v = a.vocab;
+  if (m == 0) return true;
+  const PreparedX px(x, a, kt);
+  auto p = pool();
+  struct Buffers {
+    std::vector<float> scratch, logits;
+  };
+  std::vector<Buffers> bufs(static_cast<size_t>(p->size()));
+  st.assign(static_cast<size_t>(p->size()), State{});
+  p->run(n_blocks(v), [&](int64_t b, int w) {
+    Buffers& bf = bufs[static_cast<size_t>(w)];
+    State& state = st[static_cast<size_t>(w)];
+    if (bf.logits.empty()) {
+      bf.scratch.resize(static_cast<size_t>(px.scratch_floats));
+      bf.logits.resize(static_cast<size_t>(m * kBlockRows));
+      init(state, m);
+    }
+    const int64_t r0 = b * kBlockRows, r1 = std::min(v, r0 + kBlockRows);
+    px.block(a, m, r0, r1, bf.logits.data(), kBlockRows, bf.scratch.data());
+    body(state, *kt, m, r0, r1 - r0, bf.logits.data());
+  }, sched());
+  return true;
+}
+
 }  // namespace
 
 bool logits(const Table& table, const TensorView& x, const TensorView& out) {
@@ -429,45 +465,30 @@ bool logits(const Table& table, const TensorView& x, const TensorView& out) {
 
 bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values, const TensorView& ids,
           const TensorView& lse, float inv_temperature) {
-  const KernelTable* kt = kernels();
-  PackedArgs a;
-  if (kt == nullptr || !packed_args(table, a)) return false;
-  const int64_t m = x.size(0), v = a.vocab;
-  if (m == 0) return true;
-  const PreparedX px(x, a, kt);
-  auto p = pool();
-
-  // Per thread: a [M, kBlockRows] logits buffer (the [M, V] logits are never
-  // stored), and per activation row a k-heap (worst on top) plus an online
+  // Per thread and activation row: a k-heap (worst on top) plus an online
   // log-sum-exp (LseState: running max, Σ exp(l - max)).
   struct PerThread {
-    std::vector<float> scratch, buf;
     std::vector<std::vector<Cand>> heap;
     std::vector<LseState> lse;
   };
-  std::vector<PerThread> st(static_cast<size_t>(p->size()));
+  std::vector<PerThread> st;
   auto worse_on_top = [](const Cand& l, const Cand& r) { return better(l, r); };
-  p->run(n_blocks(v), [&](int64_t b, int w) {
-    PerThread& t = st[static_cast<size_t>(w)];
-    if (t.buf.empty()) {
-      t.scratch.resize(static_cast<size_t>(px.scratch_floats));
-      t.buf.resize(static_cast<size_t>(m * kBlockRows));
-      t.heap.resize(static_cast<size_t>(m));
-      for (auto& h : t.heap) h.reserve(static_cast<size_t>(k));
-      t.lse.assign(static_cast<size_t>(m), LseState{});
-    }
-    const int64_t r0 = b * kBlockRows, r1 = std::min(v, r0 + kBlockRows), n = r1 - r0;
-    px.block(a, m, r0, r1, t.buf.data(), kBlockRows, t.scratch.data());
+  const auto init = [k](PerThread& t, int64_t m) {
+    t.heap.resize(static_cast<size_t>(m));
+    for (auto& h : t.heap) h.reserve(static_cast<size_t>(k));
+    t.lse.assign(static_cast<size_t>(m), LseState{});
+  };
+  const auto body = [&](PerThread& t, const KernelTable& kt, int64_t m, int64_t r0, int64_t n, float* block) {
     if (inv_temperature != 1.0f)
       for (int64_t i = 0; i < m; ++i)
-        for (int64_t j = 0; j < n; ++j) t.buf[static_cast<size_t>(i * kBlockRows + j)] *= inv_temperature;
+        for (int64_t j = 0; j < n; ++j) block[i * kBlockRows + j] *= inv_temperature;
     for (int64_t i = 0; i < m; ++i) {
-      const float* l = t.buf.data() + i * kBlockRows;
+      const float* l = block + i * kBlockRows;
       const size_t si = static_cast<size_t>(i);
       auto& heap = t.heap[si];
       const bool full = static_cast<int64_t>(heap.size()) == k;
       uint64_t ge;  // with a full heap: the block's logits >= its k-th best value, the only ones that can enter
-      kt->topk_block(l, n, full ? heap.front().value : -std::numeric_limits<float>::infinity(), &t.lse[si], &ge);
+      kt.topk_block(l, n, full ? heap.front().value : -std::numeric_limits<float>::infinity(), &t.lse[si], &ge);
       if (!full) {
         int64_t j = 0;
         for (; j < n && static_cast<int64_t>(heap.size()) < k; ++j) {  // filling the heap
@@ -486,7 +507,9 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
         std::push_heap(heap.begin(), heap.end(), worse_on_top);
       }
     }
-  }, sched());
+  };
+  if (!block_pass(table, x, st, init, body)) return false;
+  const int64_t m = x.size(0);
 
   // Merge: the k best of the per-thread candidates (a total order, so the
   // result does not depend on the thread count), and the log-sum-exps.
@@ -518,33 +541,21 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
 
 bool sample_gumbel(const Table& table, const TensorView& x, float inv_temperature, uint64_t seed, uint64_t offset,
                    const TensorView& ids) {
-  const KernelTable* kt = kernels();
-  PackedArgs a;
-  if (kt == nullptr || !packed_args(table, a)) return false;
-  const int64_t m = x.size(0), v = a.vocab;
-  if (m == 0) return true;
-  const PreparedX px(x, a, kt);
-  auto p = pool();
-  // Per thread: a [M, kBlockRows] logits buffer and each row's best
-  // (perturbed value, id). The noise of a column depends on (seed, offset,
-  // row, column) only, so the result does not depend on the thread count.
+  // Per thread: each row's best (perturbed value, id). The noise of a column
+  // depends on (seed, offset, row, column) only, so the result does not
+  // depend on the thread count.
   struct PerThread {
-    std::vector<float> scratch, buf, noise;
+    std::vector<float> noise;
     std::vector<Cand> best;
   };
-  std::vector<PerThread> st(static_cast<size_t>(p->size()));
-  p->run(n_blocks(v), [&](int64_t b, int w) {
-    PerThread& t = st[static_cast<size_t>(w)];
-    if (t.buf.empty()) {
-      t.scratch.resize(static_cast<size_t>(px.scratch_floats));
-      t.buf.resize(static_cast<size_t>(m * kBlockRows));
-      t.best.assign(static_cast<size_t>(m), Cand{-std::numeric_limits<float>::infinity(), -1});
-      t.noise.resize(static_cast<size_t>(kBlockRows));
-    }
-    const int64_t r0 = b * kBlockRows, r1 = std::min(v, r0 + kBlockRows), n = r1 - r0;
-    px.block(a, m, r0, r1, t.buf.data(), kBlockRows, t.scratch.data());
+  std::vector<PerThread> st;
+  const auto init = [](PerThread& t, int64_t m) {
+    t.best.assign(static_cast<size_t>(m), Cand{-std::numeric_limits<float>::infinity(), -1});
+    t.noise.resize(static_cast<size_t>(kBlockRows));
+  };
+  const auto body = [&](PerThread& t, const KernelTable& kt, int64_t m, int64_t r0, int64_t n, const float* block) {
     for (int64_t i = 0; i < m; ++i) {
-      const float* l = t.buf.data() + i * kBlockRows;
+      const float* l = block + i * kBlockRows;
       Cand& best = t.best[static_cast<size_t>(i)];
       float z[kBlockRows];
       float zmax = -std::numeric_limits<float>::infinity();
@@ -554,15 +565,17 @@ bool sample_gumbel(const Table& table, const TensorView& x, float inv_temperatur
       }
       if (best.id >= 0 && zmax + sampling::kGumbelBound < best.value) continue;  // no noise lifts any to the best
       // The block's noise, vectorized (r0 is a multiple of 4: whole groups).
-      kt->gumbel_noise(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(i),
-                       static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32) & ~sampling::kDrawStream,
-                       static_cast<uint32_t>(r0 / 4), (n + 3) / 4, t.noise.data());
+      kt.gumbel_noise(static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(i),
+                      static_cast<uint32_t>(offset), static_cast<uint32_t>(offset >> 32) & ~sampling::kDrawStream,
+                      static_cast<uint32_t>(r0 / 4), (n + 3) / 4, t.noise.data());
       for (int64_t j = 0; j < n; ++j) {
         const Cand c{z[j] + t.noise[static_cast<size_t>(j)], static_cast<int32_t>(r0 + j)};
         if (best.id < 0 || better(c, best)) best = c;
       }
     }
-  }, sched());
+  };
+  if (!block_pass(table, x, st, init, body)) return false;
+  const int64_t m = x.size(0);
   for (int64_t i = 0; i < m; ++i) {
     Cand best{-std::numeric_limits<float>::infinity(), -1};
     for (const auto& t : st)

@@ -39,6 +39,7 @@ enum WorkspaceSlot : int {
   kWsTopkSample,       // the list top-k's threshold sample: its logits [M, 8192], the thresholds [M]
   kWsEmbedFlag,        // embed's out-of-range flag
   kWsSample,           // sample's candidates, partial maxima and pending flags
+  kWsSampleSort,       // sample's whole-row draw: sorted rows, ids, segment offsets, CUB's temporary storage
   kWsCount
 };
 // Grow-only scratch buffer `slot` of at least `bytes` (stream-ordered reuse).

@@ -5,13 +5,16 @@
 //                      (row, column slice) the best l/T + G, then per row;
 //   truncated          the top-K candidates of l/T with the log-sum-exp of
 //                      l/T (T = 1: the fused top-k; else the logits, scaled,
-//                      then the slice selection), then one thread per row
+//                      then the slice selection), then one warp per row
 //                      draws by the inverse CDF.
-// What the GPU draw cannot settle (top_k > 1024, or a cut without top_k past
-// the 1024 candidates) is drawn on the host from the logits (from_logits),
-// exactly and with the same random numbers.
+// What the candidates cannot settle (top_k > 1024, or a cut without top_k
+// past the 1024 candidates) is drawn from the whole row, on the GPU: the
+// row's l/T sorted by a segmented radix sort, then the same draw over it.
 #include <algorithm>
+#include <limits>
 #include <vector>
+
+#include <cub/device/device_segmented_radix_sort.cuh>
 
 #include "ops/cuda/internal.cuh"
 #include "ops/ops_cuda.h"
@@ -105,17 +108,120 @@ __global__ void gumbel_rows_kernel(const float* __restrict__ pv, const int* __re
   if (threadIdx.x == 0) ids[m] = bi;
 }
 
-// One thread per row: the inverse-CDF draw from the row's K sorted
-// candidates; pending[m] = 1 where the cut may lie past them.
+// Shared-memory slot of candidate i's weight: one double of padding per 32,
+// so the lanes' chunks (stride draw_chunk(K)) fall in different banks.
+__device__ __forceinline__ int64_t draw_slot(int64_t i) { return i + (i >> 5); }
+__host__ __device__ inline size_t draw_slots(int64_t K) { return size_t(K + (K >> 5) + 1); }
+constexpr int kDrawWarps = 4;  // rows per block
+
+// draw_sorted (sample.h) by one warp, weight(i) giving w_i = exp(z_i - z_0):
+// lane c owns chunk c, and every sum is taken in draw_sorted's order (the
+// chunks before, added in order, then the chunk's own weights in order), so
+// the result is draw_sorted's. total_sum: W is the sum of the K weights (the
+// whole top-k set, or a whole sorted row), else exp(lse - z_0).
+template <class Weight>
+__device__ int draw_sorted_warp(int64_t K, bool total_sum, double lse_minus_z0, bool whole, const sampling::Cut& cut,
+                                double u, const Weight& weight) {
+  constexpr unsigned kAll = 0xffffffffu;
+  const int lane = int(threadIdx.x & 31);
+  const int64_t C = sampling::draw_chunk(K);
+  const int64_t b = int64_t(lane) * C, e = b + C < K ? b + C : K;
+  double s = 0.0;
+  for (int64_t i = b; i < e; ++i) s += weight(i);
+  double base = 0.0, run = 0.0;  // base: the chunks before this lane's; run: all of them at the end
+  for (int c = 0; c < 32; ++c) {
+    const double sc = __shfl_sync(kAll, s, c);
+    if (c == lane) base = run;
+    run += sc;
+  }
+  const double total = total_sum ? run : exp(lse_minus_z0);
+  const double need = cut.top_p * total;
+  int64_t found = -1;
+  double acc = base;
+  for (int64_t i = b; i < e; ++i) {
+    const double wi = weight(i);
+    if (i > 0 && wi < cut.min_p) {
+      found = i;
+      break;
+    }
+    acc += wi;
+    if (cut.top_p < 1.0 && acc >= need) {
+      found = i + 1;
+      break;
+    }
+  }
+  const unsigned cuts = __ballot_sync(kAll, found >= 0);
+  int64_t n;
+  if (cuts != 0) {
+    n = __shfl_sync(kAll, found, __ffs(cuts) - 1);
+  } else {
+    if (!whole) return -1;
+    n = K;
+  }
+  const int last = int((n - 1) / C);
+  double kept = base;
+  for (int64_t i = b; i < e && i < n; ++i) kept += weight(i);
+  kept = __shfl_sync(kAll, kept, last);
+  const double target = u * kept;
+  int64_t j = -1;
+  acc = base;
+  if (lane <= last)
+    for (int64_t i = b; i < e && i < n; ++i) {
+      acc += weight(i);
+      if (target < acc) {
+        j = i;
+        break;
+      }
+    }
+  const unsigned hits = __ballot_sync(kAll, j >= 0);
+  return hits != 0 ? int(__shfl_sync(kAll, j, __ffs(hits) - 1)) : int(n - 1);
+}
+
+// One warp per row: the inverse-CDF draw from the row's K sorted candidates
+// (their weights computed once, in parallel, into shared memory); pending[m]
+// = 1 where the cut may lie past them.
 __global__ void draw_kernel(const float* __restrict__ z, const int* __restrict__ cid, const float* __restrict__ lse,
                             int M, int64_t K, bool whole, sampling::Cut cut, uint64_t seed, uint64_t offset,
                             int* __restrict__ ids, int* __restrict__ pending) {
-  const int m = blockIdx.x * blockDim.x + threadIdx.x;
-  if (m >= M) return;
-  const int j = sampling::draw_sorted(z + int64_t(m) * K, K, double(lse[m]), whole, cut,
-                                      sampling::draw_uniform(seed, offset, uint32_t(m)));
-  pending[m] = j < 0;
-  if (j >= 0) ids[m] = cid[int64_t(m) * K + j];
+  extern __shared__ double draw_w[];
+  const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
+  const int m = blockIdx.x * kDrawWarps + warp;
+  if (m >= M) return;  // whole warps leave: the draw synchronizes within its warp only
+  double* w = draw_w + size_t(warp) * draw_slots(K);
+  const float* zr = z + int64_t(m) * K;
+  const double z0 = zr[0];
+  for (int64_t i = lane; i < K; i += 32) w[draw_slot(i)] = exp(double(zr[i]) - z0);
+  __syncwarp();
+  const int j = draw_sorted_warp(K, cut.top_k, double(lse[m]) - z0, whole, cut,
+                                 sampling::draw_uniform(seed, offset, uint32_t(m)),
+                                 [w](int64_t i) { return w[draw_slot(i)]; });
+  if (lane == 0) {
+    pending[m] = j < 0;
+    if (j >= 0) ids[m] = cid[int64_t(m) * K + j];
+  }
+}
+
+// ids[r, j] = j for the listed rows r = rows[blockIdx.y].
+__global__ void row_iota_kernel(int* __restrict__ ids, int64_t V, const int* __restrict__ rows) {
+  int* row = ids + int64_t(rows[blockIdx.y]) * V;
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < V; j += int64_t(gridDim.x) * blockDim.x)
+    row[j] = int(j);
+}
+
+// One warp per listed row: the draw from its first K tokens of the sorted
+// row zs (l/T descending, ties lower id first, ids in sid); the sums are
+// over those K (the top-k set, or the whole row).
+__global__ void draw_rows_kernel(const float* __restrict__ zs, const int* __restrict__ sid, int64_t V, int64_t K,
+                                 const int* __restrict__ rows, int R, sampling::Cut cut, uint64_t seed, uint64_t offset,
+                                 int* __restrict__ ids) {
+  const int r = blockIdx.x * kDrawWarps + int(threadIdx.x >> 5);
+  if (r >= R) return;
+  const int m = rows[r];
+  const float* z = zs + int64_t(m) * V;
+  const double z0 = z[0];
+  const int j = draw_sorted_warp(K, true, 0.0, true, cut, sampling::draw_uniform(seed, offset, uint32_t(m)),
+                                 [z, z0](int64_t i) { return exp(double(z[i]) - z0); });
+  if ((threadIdx.x & 31) == 0) ids[m] = sid[int64_t(m) * V + j];
 }
 
 // The logits of the call's plan into the workspace.
@@ -127,16 +233,71 @@ float* logits_ws(const Table& table, const TensorView& x, const LogitsProblem& p
   return l;
 }
 
-// The exact host draw from the logits (the cases the GPU draw leaves).
-void draw_on_host(const float* l, const LogitsProblem& problem, const SampleParams& p, int* ids) {
+// The rows `rows` (host list) drawn from their whole row on the GPU: l/T of
+// each into the workspace, a stable segmented radix sort of the rows
+// (descending; CUB orders -0 and +0 as equal, so ties keep the lower id
+// first), then draw_rows_kernel over the first K tokens of each.
+void draw_whole_rows(const Table& table, const TensorView& x, const LogitsProblem& problem, Backend backend,
+                     float inv_t, int64_t K, const SampleParams& p, const std::vector<int>& rows, int* ids) {
   cudaStream_t s = current_stream();
-  std::vector<float> hl(static_cast<size_t>(problem.M * problem.V));
-  std::vector<int32_t> hi(static_cast<size_t>(problem.M));
-  QHEAD_CUDA_CHECK(cudaMemcpyAsync(hl.data(), l, hl.size() * sizeof(float), cudaMemcpyDeviceToHost, s));
-  QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));
-  sampling::from_logits(hl.data(), problem.M, problem.V, p, hi.data());
-  QHEAD_CUDA_CHECK(cudaMemcpyAsync(ids, hi.data(), hi.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-  QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));  // hi is freed on return
+  const int64_t M = problem.M, V = problem.V;
+  float* l = logits_ws(table, x, problem, backend);
+  if (inv_t != 1.0f) {
+    scale_kernel<<<std::min(blocks_for(M * V, kThreads), 4096), kThreads, 0, s>>>(l, M * V, inv_t);
+    QHEAD_CUDA_CHECK_LAUNCH("scale_kernel");
+  }
+  // CUB counts items and offsets in int: the rows go in groups whose span fits.
+  const int64_t group = std::max<int64_t>(1, std::numeric_limits<int>::max() / V);
+  const int R = int(rows.size());
+  const size_t mv = size_t(M) * size_t(V);
+  size_t temp = 0;
+  {
+    const int64_t span = std::min<int64_t>(group, M) * V;
+    QHEAD_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+        nullptr, temp, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+        static_cast<const int*>(nullptr), static_cast<int*>(nullptr), int(span), R, static_cast<int*>(nullptr),
+        static_cast<int*>(nullptr), 0, 32, s));
+  }
+  const size_t off_bytes = (size_t(R) * 3 + 1) * sizeof(int);  // rows, begins, ends
+  char* ws = static_cast<char*>(workspace(kWsSampleSort, mv * 12 + off_bytes + temp + 256));
+  float* zs = reinterpret_cast<float*>(ws);
+  int* iin = reinterpret_cast<int*>(ws + mv * 4);
+  int* iout = reinterpret_cast<int*>(ws + mv * 8);
+  int* drows = reinterpret_cast<int*>(ws + mv * 12);
+  int* dbeg = drows + R;
+  int* dend = dbeg + R;
+  void* dtemp = ws + ((mv * 12 + off_bytes + 255) / 256) * 256;
+  // Groups: consecutive listed rows within `group` rows of the group's first
+  // (rows ascend); a row's segment offsets are relative to its group's first.
+  std::vector<int> offs(size_t(R) * 3);
+  std::vector<std::pair<int, int>> groups;
+  for (int i0 = 0; i0 < R;) {
+    const int64_t first = rows[size_t(i0)];
+    int i1 = i0;
+    for (; i1 < R && rows[size_t(i1)] - first < group; ++i1) {
+      offs[size_t(i1)] = rows[size_t(i1)];
+      offs[size_t(R + i1)] = int((rows[size_t(i1)] - first) * V);
+      offs[size_t(2 * R + i1)] = offs[size_t(R + i1)] + int(V);
+    }
+    groups.emplace_back(i0, i1);
+    i0 = i1;
+  }
+  QHEAD_CUDA_CHECK(cudaMemcpyAsync(drows, offs.data(), offs.size() * sizeof(int), cudaMemcpyHostToDevice, s));
+  row_iota_kernel<<<dim3(unsigned(std::min<int64_t>(blocks_for(V, kThreads), 64)), unsigned(R)), kThreads, 0, s>>>(
+      iin, V, drows);
+  QHEAD_CUDA_CHECK_LAUNCH("row_iota_kernel");
+  for (const auto& [i0, i1] : groups) {
+    const int64_t first = rows[size_t(i0)];
+    const int64_t span = (rows[size_t(i1 - 1)] - first + 1) * V;
+    size_t t = temp;
+    QHEAD_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
+        dtemp, t, l + first * V, zs + first * V, iin + first * V, iout + first * V, int(span), i1 - i0, dbeg + i0,
+        dend + i0, 0, 32, s));
+  }
+  // offs is pageable: each copy from it has finished when cudaMemcpyAsync returned.
+  draw_rows_kernel<<<blocks_for(R, kDrawWarps), kDrawWarps * 32, 0, s>>>(zs, iout, V, K, drows, R, sampling::cut_of(p),
+                                                                         p.seed, p.offset, ids);
+  QHEAD_CUDA_CHECK_LAUNCH("draw_rows_kernel");
 }
 
 }  // namespace
@@ -173,8 +334,10 @@ void sample(const Table& table, const TensorView& x, const SampleParams& p, cons
   }
 
   const int64_t K = p.top_k > 0 ? p.top_k : std::min<int64_t>(V, sampling::kFirstCandidates);
-  if (K > cuda_plan::kTopkMaxK) {  // more candidates than the GPU top-k takes
-    draw_on_host(logits_ws(table, x, problem, b), problem, p, out);
+  if (K > cuda_plan::kTopkMaxK) {  // more candidates than the GPU top-k takes: every row sorted
+    std::vector<int> all(static_cast<size_t>(M));
+    for (int64_t i = 0; i < M; ++i) all[static_cast<size_t>(i)] = int(i);
+    draw_whole_rows(table, x, problem, b, inv_t, K, p, all, out);
     return;
   }
   const size_t nk = size_t(M) * size_t(K);
@@ -197,18 +360,19 @@ void sample(const Table& table, const TensorView& x, const SampleParams& p, cons
     select_from_logits(lw, M, V, K, tp.select_blocks, tp.select_small, z, cid, lse);
   }
   const bool whole = p.top_k > 0 || K == V;
-  draw_kernel<<<blocks_for(M, 128), 128, 0, s>>>(z, cid, lse, int(M), K, whole, sampling::cut_of(p), p.seed,
-                                                  p.offset, out, pending);
+  const size_t draw_bytes = size_t(kDrawWarps) * draw_slots(K) * sizeof(double);  // <= 33 KB: K <= 1024
+  draw_kernel<<<blocks_for(M, kDrawWarps), kDrawWarps * 32, draw_bytes, s>>>(
+      z, cid, lse, int(M), K, whole, sampling::cut_of(p), p.seed, p.offset, out, pending);
   QHEAD_CUDA_CHECK_LAUNCH("draw_kernel");
   if (whole) return;
   // Without top_k, a row's top-p or min-p cut may lie past the candidates.
-  std::vector<int> hp(static_cast<size_t>(M));
+  std::vector<int> hp(static_cast<size_t>(M)), rows;
   QHEAD_CUDA_CHECK(cudaMemcpyAsync(hp.data(), pending, hp.size() * sizeof(int), cudaMemcpyDeviceToHost, s));
   QHEAD_CUDA_CHECK(cudaStreamSynchronize(s));
-  bool any = false;
-  for (int f : hp) any = any || f != 0;
-  if (!any) return;
-  draw_on_host(logits_ws(table, x, problem, b), problem, p, out);
+  for (int64_t i = 0; i < M; ++i)
+    if (hp[static_cast<size_t>(i)] != 0) rows.push_back(int(i));
+  if (rows.empty()) return;
+  draw_whole_rows(table, x, problem, b, inv_t, V, p, rows, out);
 }
 
 }  // namespace qhead::cuda_ops
