@@ -14,6 +14,9 @@
 #include <limits>
 #include <vector>
 
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
 #include "ops/cuda/internal.cuh"
@@ -112,7 +115,8 @@ __global__ void gumbel_rows_kernel(const float* __restrict__ pv, const int* __re
 // so the lanes' chunks (stride draw_chunk(K)) fall in different banks.
 __device__ __forceinline__ int64_t draw_slot(int64_t i) { return i + (i >> 5); }
 __host__ __device__ inline size_t draw_slots(int64_t K) { return size_t(K + (K >> 5) + 1); }
-constexpr int kDrawWarps = 4;  // rows per block
+constexpr int kDrawWarps = 4;    // rows per block of draw_kernel
+constexpr int kPerRowSorts = 8;  // whole rows sorted one device-wide sort each, up to this many
 
 // draw_sorted (sample.h) by one warp, weight(i) giving w_i = exp(z_i - z_0):
 // lane c owns chunk c, and every sum is taken in draw_sorted's order (the
@@ -208,20 +212,97 @@ __global__ void row_iota_kernel(int* __restrict__ ids, int64_t V, const int* __r
     row[j] = int(j);
 }
 
-// One warp per listed row: the draw from its first K tokens of the sorted
-// row zs (l/T descending, ties lower id first, ids in sid); the sums are
-// over those K (the top-k set, or the whole row).
-__global__ void draw_rows_kernel(const float* __restrict__ zs, const int* __restrict__ sid, int64_t V, int64_t K,
-                                 const int* __restrict__ rows, int R, sampling::Cut cut, uint64_t seed, uint64_t offset,
-                                 int* __restrict__ ids) {
-  const int r = blockIdx.x * kDrawWarps + int(threadIdx.x >> 5);
-  if (r >= R) return;
-  const int m = rows[r];
+// One block per listed row: the draw from the first K tokens of its sorted
+// row zs (l/T descending, ties lower id first; ids in sid), W the sum of
+// those K weights (the top-k set, or the whole row). Prefix sums in f64 over
+// tiles of kRowThreads · kRowItems weights (a thread's items in order, then a
+// block scan): its own fixed order, which differs from draw_sorted's only in
+// f64 rounding, far below the logits' own.
+constexpr int kRowThreads = 512, kRowItems = 8;
+constexpr int64_t kRowTile = int64_t(kRowThreads) * kRowItems;
+
+__global__ void __launch_bounds__(kRowThreads) draw_rows_kernel(
+    const float* __restrict__ zs, const int* __restrict__ sid, int64_t V, int64_t K, const int* __restrict__ rows,
+    sampling::Cut cut, uint64_t seed, uint64_t offset, int* __restrict__ ids) {
+  using Reduce = cub::BlockReduce<double, kRowThreads>;
+  using Scan = cub::BlockScan<double, kRowThreads>;
+  __shared__ union {
+    typename Reduce::TempStorage reduce;
+    typename Scan::TempStorage scan;
+  } tmp;
+  __shared__ double sh_d;
+  __shared__ long long sh_i;
+  const int m = rows[blockIdx.x];
   const float* z = zs + int64_t(m) * V;
   const double z0 = z[0];
-  const int j = draw_sorted_warp(K, true, 0.0, true, cut, sampling::draw_uniform(seed, offset, uint32_t(m)),
-                                 [z, z0](int64_t i) { return exp(double(z[i]) - z0); });
-  if ((threadIdx.x & 31) == 0) ids[m] = sid[int64_t(m) * V + j];
+  const int tid = int(threadIdx.x);
+  // W, and the min-p cut: the weights descend, so it is the first i > 0 below min_p.
+  double part = 0.0;
+  long long below = K;
+  for (int64_t i = tid; i < K; i += kRowThreads) {
+    const double w = exp(double(z[i]) - z0);
+    part += w;
+    if (i > 0 && w < cut.min_p && i < below) below = i;
+  }
+  const double total = Reduce(tmp.reduce).Sum(part);
+  if (tid == 0) sh_d = total;
+  __syncthreads();
+  const double need = cut.top_p * sh_d;
+  __syncthreads();
+  below = Reduce(tmp.reduce).Reduce(below, ::cuda::minimum<>{});  // valid in thread 0
+  if (tid == 0) sh_i = below;
+  __syncthreads();
+  const int64_t n_minp = sh_i;
+  __syncthreads();
+  // Runs the tiles of prefix sums over i < n until pick(i, prefix) holds for
+  // some i; returns the first such i (or -1) and the last tile's run.
+  auto first_where = [&](int64_t n, auto pick) -> int64_t {
+    double run = 0.0;
+    for (int64_t t0 = 0; t0 < n; t0 += kRowTile) {
+      double w[kRowItems], own = 0.0;
+#pragma unroll
+      for (int j = 0; j < kRowItems; ++j) {
+        const int64_t i = t0 + int64_t(tid) * kRowItems + j;
+        w[j] = i < n ? exp(double(z[i]) - z0) : 0.0;
+        own += w[j];
+      }
+      double before, tile_total;
+      Scan(tmp.scan).ExclusiveSum(own, before, tile_total);
+      long long hit = n;
+      double acc = run + before;
+#pragma unroll
+      for (int j = 0; j < kRowItems; ++j) {
+        const int64_t i = t0 + int64_t(tid) * kRowItems + j;
+        acc += w[j];
+        if (i < n && hit == n && pick(acc)) hit = i;
+      }
+      __syncthreads();
+      const long long first = Reduce(tmp.reduce).Reduce(hit, ::cuda::minimum<>{});
+      if (tid == 0) sh_i = first;
+      __syncthreads();
+      const long long found = sh_i;
+      __syncthreads();
+      if (found < n) return found;
+      run += tile_total;
+    }
+    return -1;
+  };
+  int64_t n = n_minp;
+  if (cut.top_p < 1.0) {
+    const int64_t i = first_where(n_minp, [need](double prefix) { return prefix >= need; });
+    if (i >= 0) n = i + 1;
+  }
+  // kept: the weight of the prefix 0 .. n - 1.
+  part = 0.0;
+  for (int64_t i = tid; i < n; i += kRowThreads) part += exp(double(z[i]) - z0);
+  const double kept_sum = Reduce(tmp.reduce).Sum(part);
+  if (tid == 0) sh_d = kept_sum;
+  __syncthreads();
+  const double target = sampling::draw_uniform(seed, offset, uint32_t(m)) * sh_d;
+  __syncthreads();
+  int64_t j = first_where(n, [target](double prefix) { return target < prefix; });
+  if (j < 0) j = n - 1;  // u·kept rounded up to kept
+  if (tid == 0) ids[m] = sid[int64_t(m) * V + j];
 }
 
 // The logits of the call's plan into the workspace.
@@ -250,8 +331,15 @@ void draw_whole_rows(const Table& table, const TensorView& x, const LogitsProble
   const int64_t group = std::max<int64_t>(1, std::numeric_limits<int>::max() / V);
   const int R = int(rows.size());
   const size_t mv = size_t(M) * size_t(V);
+  // A few rows: one device-wide sort each (the segmented sort gives a segment
+  // one block, slow on a 150k-token row); more: the segmented sort.
+  const bool per_row = R <= kPerRowSorts;
   size_t temp = 0;
-  {
+  if (per_row) {
+    QHEAD_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(
+        nullptr, temp, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+        static_cast<const int*>(nullptr), static_cast<int*>(nullptr), int(V), 0, 32, s));
+  } else {
     const int64_t span = std::min<int64_t>(group, M) * V;
     QHEAD_CUDA_CHECK(cub::DeviceSegmentedRadixSort::SortPairsDescending(
         nullptr, temp, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
@@ -286,7 +374,13 @@ void draw_whole_rows(const Table& table, const TensorView& x, const LogitsProble
   row_iota_kernel<<<dim3(unsigned(std::min<int64_t>(blocks_for(V, kThreads), 64)), unsigned(R)), kThreads, 0, s>>>(
       iin, V, drows);
   QHEAD_CUDA_CHECK_LAUNCH("row_iota_kernel");
-  for (const auto& [i0, i1] : groups) {
+  for (int i = 0; per_row && i < R; ++i) {
+    const int64_t o = int64_t(rows[size_t(i)]) * V;
+    size_t t = temp;
+    QHEAD_CUDA_CHECK(cub::DeviceRadixSort::SortPairsDescending(dtemp, t, l + o, zs + o, iin + o, iout + o, int(V), 0,
+                                                               32, s));
+  }
+  for (const auto& [i0, i1] : per_row ? decltype(groups){} : groups) {
     const int64_t first = rows[size_t(i0)];
     const int64_t span = (rows[size_t(i1 - 1)] - first + 1) * V;
     size_t t = temp;
@@ -295,8 +389,8 @@ void draw_whole_rows(const Table& table, const TensorView& x, const LogitsProble
         dend + i0, 0, 32, s));
   }
   // offs is pageable: each copy from it has finished when cudaMemcpyAsync returned.
-  draw_rows_kernel<<<blocks_for(R, kDrawWarps), kDrawWarps * 32, 0, s>>>(zs, iout, V, K, drows, R, sampling::cut_of(p),
-                                                                         p.seed, p.offset, ids);
+  draw_rows_kernel<<<unsigned(R), kRowThreads, 0, s>>>(zs, iout, V, K, drows, sampling::cut_of(p), p.seed, p.offset,
+                                                      ids);
   QHEAD_CUDA_CHECK_LAUNCH("draw_rows_kernel");
 }
 
