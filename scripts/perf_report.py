@@ -21,7 +21,8 @@ docs/performance.md holds the generated tables between markers:
     <!-- perf_report:end KIND -->
 
 KIND is one of cuda, cuda-kernels, cpu, tp, binding, cpu-peers (the files of
-scripts/bench_llamacpp.sh), sample (any file with sample rows); GLOB (relative to the
+scripts/bench_llamacpp.sh), gpu-peers (scripts/bench_peers.py), sample (any file
+with sample rows); GLOB (relative to the
 repository root) picks the bench files, of which each table takes the ones
 whose rows are of its kind (any number of files: one row per file and case,
 each with its run number, and the runs listed under the table).
@@ -108,6 +109,8 @@ def kind_of(bench: dict) -> str:
     rows = bench["rows"]
     if bench.get("tool") == "bench_llamacpp":
         return "cpu-peers"
+    if bench.get("tool") == "bench_peers":
+        return "gpu-peers"
     if all("case" in r for r in rows):
         return "binding"
     paths = {r.get("path") for r in rows}
@@ -420,6 +423,30 @@ def table_sample(benches: list[dict]) -> list[str]:
     return table(header, align, rows) + [""] + runs_list(benches)
 
 
+def table_gpu_peers(benches: list[dict]) -> list[str]:
+    """qhead's torch ops and the GPU peers (scripts/bench_peers.py) in one process."""
+    peers = ["cublas_f16", "cublas_bf16", "tinygemm", "gemlite"]
+    rows = []
+    for i, b in enumerate(benches, 1):
+        by = {}
+        for r in b["rows"]:
+            by.setdefault((r["shape"], r.get("scheme", ""), r["m"]), {})[r["peer"]] = r
+        for (shape, scheme, m), rs in sorted(by.items(), key=lambda kv: (shape_size(kv[0][0]), kv[0][2])):
+            us = {p: rs[p]["us_median"] for p in rs if "us_median" in rs[p]}
+            q, qt = us.get("qhead"), us.get("qhead_topk")
+            others = [(us[p], p) for p in peers if p in us]
+            best = min(others) if others else (None, "—")
+            frac = rs["qhead"].get("read_fraction") if "qhead" in rs else None
+            rows.append([shape, scheme, str(m), fmt_us(q), fmt_frac(frac)] + [fmt_us(us.get(p)) for p in peers] +
+                        [best[1].replace("_", " "), fmt_ratio(ratio(best[0], q)), fmt_us(qt), fmt_us(us.get("linear_topk")),
+                         fmt_ratio(ratio(us.get("linear_topk"), qt)), str(i)])
+    header = ["shape", "qhead scheme", "M", "qhead logits µs", "of the read ceiling", "cuBLAS f16 µs",
+              "cuBLAS bf16 µs", "tinygemm int4 µs", "gemlite µs", "fastest peer", "its time / qhead's",
+              "qhead top-k 50 µs", "F.linear + torch.topk µs", "its time / qhead's", "run"]
+    align = ["l", "l", "r", "r", "r", "r", "r", "r", "r", "l", "r", "r", "r", "r", "r"]
+    return table(header, align, rows) + [""] + runs_list(benches)
+
+
 TABLES: dict[str, Callable[[list[dict]], list[str]]] = {
     "cuda": table_cuda,
     "cuda-kernels": table_cuda_kernels,
@@ -427,10 +454,12 @@ TABLES: dict[str, Callable[[list[dict]], list[str]]] = {
     "tp": table_tp,
     "binding": table_binding,
     "cpu-peers": table_cpu_peers,
+    "gpu-peers": table_gpu_peers,
     "sample": table_sample,
 }
 KIND_OF_TABLE = {"cuda": "cuda", "cuda-kernels": "cuda", "cpu": "cpu", "tp": "tp", "binding": "binding",
-                 "cpu-peers": "cpu-peers", "sample": "sample"}
+                 "cpu-peers": "cpu-peers", "gpu-peers": "gpu-peers",
+                 "sample": "sample"}
 
 
 def has_sample_rows(bench: dict) -> bool:
