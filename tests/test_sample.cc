@@ -268,26 +268,21 @@ struct Small {
   Tensor x1;  // [1, H] f32
   std::vector<double> l;
 };
-Small small_case(DType xdt = DType::kF32) {
+// A [V, 64] w4g32a table (seed) and one activation row uniform in [-x, x] (seed + 1).
+Small make_case(int64_t v, uint64_t seed, double x, DType xdt) {
   Small s;
-  s.t = Table::packed(random_packed(37, 64, make_scheme(4, 32, false), 901));
-  s.x1 = random_tensor(xdt, 1, 64, 902, -1.5, 1.5);
+  s.t = Table::packed(random_packed(v, 64, make_scheme(4, 32, false), seed));
+  s.x1 = random_tensor(xdt, 1, 64, seed + 1, -x, x);
   const std::vector<float> xf = to_f32(s.x1.view());
   s.l = f64_logits(s.t, xf.data());
   return s;
 }
+Small small_case(DType xdt = DType::kF32) { return make_case(37, 901, 1.5, xdt); }
 
 // A vocab of 2048 whose logits spread over a few nats: these cuts keep more
 // than the 1024 candidates (or top_k is more than the GPU top-k takes), so
 // every draw comes from the whole sorted row.
-Small wide_case(DType xdt = DType::kF32) {
-  Small s;
-  s.t = Table::packed(random_packed(2048, 64, make_scheme(4, 32, false), 907));
-  s.x1 = random_tensor(xdt, 1, 64, 908, -0.5, 0.5);
-  const std::vector<float> xf = to_f32(s.x1.view());
-  s.l = f64_logits(s.t, xf.data());
-  return s;
-}
+Small wide_case(DType xdt = DType::kF32) { return make_case(2048, 907, 0.5, xdt); }
 std::vector<Setting> wide_settings() {
   return {{"T1_p0.9", setting(1.0f, 0, 0.9f, 0.0f)},
           {"T1_k1500", setting(1.0f, 1500, 1.0f, 0.0f)},
