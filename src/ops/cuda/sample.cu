@@ -9,7 +9,8 @@
 //                      draws by the inverse CDF.
 // What the candidates cannot settle (top_k > 1024, or a cut without top_k
 // past the 1024 candidates) is drawn from the whole row, on the GPU: the
-// row's l/T sorted by a segmented radix sort, then the same draw over it.
+// row's l/T sorted by CUB (one device-wide sort per row for a few rows, the
+// segmented sort for more), then one block per row draws over it.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -254,8 +255,8 @@ __global__ void __launch_bounds__(kRowThreads) draw_rows_kernel(
   __syncthreads();
   const int64_t n_minp = sh_i;
   __syncthreads();
-  // Runs the tiles of prefix sums over i < n until pick(i, prefix) holds for
-  // some i; returns the first such i (or -1) and the last tile's run.
+  // Runs the tiles of prefix sums over i < n until pick(prefix through i)
+  // holds for some i; returns the first such i, or -1.
   auto first_where = [&](int64_t n, auto pick) -> int64_t {
     double run = 0.0;
     for (int64_t t0 = 0; t0 < n; t0 += kRowTile) {
@@ -315,9 +316,9 @@ float* logits_ws(const Table& table, const TensorView& x, const LogitsProblem& p
 }
 
 // The rows `rows` (host list) drawn from their whole row on the GPU: l/T of
-// each into the workspace, a stable segmented radix sort of the rows
-// (descending; CUB orders -0 and +0 as equal, so ties keep the lower id
-// first), then draw_rows_kernel over the first K tokens of each.
+// each into the workspace, a stable radix sort of each row (descending; CUB
+// orders -0 and +0 as equal, so ties keep the lower id first), then
+// draw_rows_kernel over the first K tokens of each.
 void draw_whole_rows(const Table& table, const TensorView& x, const LogitsProblem& problem, Backend backend,
                      float inv_t, int64_t K, const SampleParams& p, const std::vector<int>& rows, int* ids) {
   cudaStream_t s = current_stream();
