@@ -10,7 +10,8 @@ Three ways in:
 
 ``from_pretrained(dir, quantization_config=QHeadConfig(head="w4g64", ...))``
     the registered transformers quantizer (``quant_method "qhead"``): a dense checkpoint is
-    loaded and its roles quantized (RTN) after loading; a checkpoint whose roles are already
+    loaded and its roles quantized after loading (RTN, or the config's ``quantizer`` with its
+    ``calibration``; ``untie=True`` gives a tied model two tables); a checkpoint whose roles are already
     packed in the compressed-tensors layout (what ``save_pretrained`` of a qhead model writes,
     and ``qhead quantize MODEL_DIR``) gets them mapped from the file, never dequantized.
     ``from_pretrained(saved_dir)`` of a model saved by ``save_pretrained`` needs no config:
@@ -61,6 +62,10 @@ _PACKED_PARTS = (".weight_packed", ".weight_scale", ".weight_zero_point", ".weig
 _DENSE_SUFFIX = ".dense_weight"
 
 _SCALE_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_QUANTIZERS = ("rtn", "mse", "gptq", "gptq-mse")
+_CALIBRATED = ("gptq", "gptq-mse")
+# An untied embedding's quantizer: the head's without calibration (its inputs are token ids).
+_EMBEDDING_QUANTIZER = {"rtn": "rtn", "mse": "mse", "gptq": "rtn", "gptq-mse": "mse"}
 
 
 # ---- the config -----------------------------------------------------------------------------
@@ -76,6 +81,19 @@ class QHeadConfig(QuantizationConfigMixin):
     dense_rows: where those rows live: ``"cpu"`` (default), ``"device"`` (the head's device) or a
         safetensors path (mapped).
     scale_dtype: ``"f16"`` / ``"bf16"`` / ``"f32"``; None follows the weight's dtype.
+    quantizer: how the head (or a tied table) is quantized: ``"rtn"`` (default), ``"mse"``
+        (per-group scale/clip search; weighted by the calibration when given), ``"gptq"`` or
+        ``"gptq-mse"`` (GPTQ against the calibration's XᵀX; they need ``calibration``). An untied
+        embedding gets the quantizer's form without calibration (gptq: rtn, gptq-mse and mse: mse).
+    calibration: the head's inputs, [N, H]: a safetensors path (its tensor ``hidden``, as
+        ``qhead agree --states`` files hold them, else its only 2-D tensor; ``PATH:TENSOR`` names
+        one) or, to ``quantize_model``, a tensor (then not kept in the config).
+    untie: for a tied model, two tables instead of one: the head with ``head``'s scheme and
+        quantizer, the embedding with ``embedding``'s scheme (None: the dense Parameter stays,
+        as a plain nn.Embedding that the rescoring head reads its rows from). The model's
+        ``tie_word_embeddings`` becomes False, so a saved model loads as two roles. It costs the
+        second table's bytes; it buys an embedding that the head's quantizer does not choose
+        (docs/accuracy.md measures it). No effect on an untied model.
     tied: filled in when the model is quantized: whether one table serves both roles.
     exact_embedding: filled in when the model is quantized: True for a tied model whose head
         rescores (rescore > 0) and whose embedding was not given a scheme: the embedding then
@@ -86,6 +104,7 @@ class QHeadConfig(QuantizationConfigMixin):
     def __init__(self, head: Optional[str] = "w4g64", embedding: Optional[str] = None, rescore: int = 0,
                  dense_rows: Optional[str] = "cpu", scale_dtype: Optional[str] = None,
                  tied: Optional[bool] = None, threads: int = 0, exact_embedding: Optional[bool] = None,
+                 quantizer: str = "rtn", calibration: Optional[str] = None, untie: bool = False,
                  **kwargs: Any):
         self.quant_method = QUANT_METHOD
         self.head = head
@@ -96,6 +115,9 @@ class QHeadConfig(QuantizationConfigMixin):
         self.tied = tied
         self.threads = int(threads)
         self.exact_embedding = exact_embedding
+        self.quantizer = quantizer
+        self.calibration = None if calibration is None else os.fspath(calibration)
+        self.untie = bool(untie)
         # Keys a later version may add are kept (and saved back) rather than dropped.
         for k, v in kwargs.items():
             if k != "quant_method":
@@ -123,6 +145,11 @@ class QHeadConfig(QuantizationConfigMixin):
                 f"QHeadConfig: rescore = {self.rescore} needs dense_rows ('cpu', 'device' or a safetensors path)")
         if self.rescore and self.head is None and self.tied is False:
             raise qhead.InvalidArgumentError("QHeadConfig: rescore applies to a quantized head; head is None")
+        if self.quantizer not in _QUANTIZERS:
+            raise qhead.InvalidArgumentError(
+                f"QHeadConfig: quantizer must be one of {', '.join(_QUANTIZERS)}, got {self.quantizer!r}")
+        if self.untie and self.head is None:
+            raise qhead.InvalidArgumentError("QHeadConfig: untie = True needs a head scheme (head is None)")
 
     def to_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
@@ -200,6 +227,66 @@ def _scale_dtype(weight: torch.Tensor, requested: Optional[str]) -> str:
     return _SCALE_DTYPES.get(weight.dtype, "f32")
 
 
+def _calibration(spec: Any, quantizer: str, hidden: int, op: str) -> Optional[torch.Tensor]:
+    """The calibration rows [N, H] (CPU) from a tensor or a safetensors ``PATH[:TENSOR]``; None
+    when the quantizer reads none. Errors name the op, the file and the shape."""
+    if quantizer == "rtn":
+        return None
+    if spec is None:
+        if quantizer in _CALIBRATED:
+            raise qhead.InvalidArgumentError(
+                f"{op}: quantizer {quantizer!r} needs calibration: the head's inputs [N, {hidden}] (a tensor, or a "
+                "safetensors file such as qhead agree's states file)")
+        return None
+    if isinstance(spec, torch.Tensor):
+        c, what = spec, "calibration"
+    else:
+        from safetensors import safe_open
+
+        path, tensor = os.fspath(spec), None
+        if not os.path.isfile(path) and ":" in path:
+            path, tensor = path.rsplit(":", 1)
+        if not os.path.isfile(path):
+            raise qhead.IoError(f"{op}: calibration file {path} does not exist")
+        try:
+            with safe_open(path, framework="pt") as f:
+                names = list(f.keys())
+                if tensor is None:
+                    two_d = [n for n in names if len(f.get_slice(n).get_shape()) == 2]
+                    tensor = "hidden" if "hidden" in names else (two_d[0] if len(two_d) == 1 else None)
+                    if tensor is None:
+                        raise qhead.InvalidArgumentError(
+                            f"{op}: calibration {path}: no tensor 'hidden' and {len(two_d)} 2-D tensors; name one "
+                            "as PATH:TENSOR")
+                if tensor not in names:
+                    raise qhead.InvalidArgumentError(f"{op}: calibration {path}: no tensor named {tensor!r}")
+                c = f.get_tensor(tensor)
+        except (OSError, RuntimeError) as e:  # safetensors' own errors for a damaged file
+            if isinstance(e, qhead.Error):
+                raise
+            raise qhead.InvalidFileError(f"{op}: calibration {path}: {e}") from e
+        what = f"calibration {path}:{tensor}"
+    if c.dim() != 2 or c.shape[1] != hidden or c.shape[0] < 1 or c.dtype not in _SCALE_DTYPES:
+        raise qhead.InvalidArgumentError(
+            f"{op}: {what} must be [N >= 1, {hidden}] f32/f16/bf16 (the head's inputs), got "
+            f"{str(c.dtype).replace('torch.', '')} {list(c.shape)}")
+    return c.detach().to("cpu").contiguous()
+
+
+def _quantize_role(weight: torch.Tensor, scheme: str, config: "QHeadConfig", quantizer: str,
+                   calibration: Optional[torch.Tensor]) -> QuantTable:
+    return QuantTable.from_dense(weight.detach(), scheme, scale_dtype=_scale_dtype(weight, config.scale_dtype),
+                                 threads=config.threads, quantizer=quantizer, calibration=calibration)
+
+
+def _set_untied(model: PreTrainedModel) -> None:
+    """tie_word_embeddings = False on the model's config and its text config, so that a saved
+    model (and any loader reading its config.json) sees two tables."""
+    for c in {id(model.config): model.config, id(model.config.get_text_config()): model.config.get_text_config()}.values():
+        if hasattr(c, "tie_word_embeddings"):
+            c.tie_word_embeddings = False
+
+
 def _untie(model: PreTrainedModel, names: List[str]) -> None:
     """Drops the tie entries that name a replaced role's weight, on the model and every
     PreTrainedModel inside it, so that transformers never re-ties (or re-materialises) a table
@@ -267,7 +354,8 @@ def _install(model: PreTrainedModel, emb_name: str, head_name: str, emb_old: Opt
     _untie(model, [n for n, t in ((emb_name, emb_table), (head_name, head_table)) if t is not None])
 
 
-def _quantize_loaded(model: PreTrainedModel, config: QHeadConfig, op: str) -> PreTrainedModel:
+def _quantize_loaded(model: PreTrainedModel, config: QHeadConfig, op: str,
+                     calibration: Optional[torch.Tensor] = None) -> PreTrainedModel:
     emb, head = _roles(model, op)
     emb_name, head_name = _module_name(model, emb), _module_name(model, head)
     tied = head.weight is emb.weight or (
@@ -276,15 +364,22 @@ def _quantize_loaded(model: PreTrainedModel, config: QHeadConfig, op: str) -> Pr
     if tuple(emb.weight.shape) != tuple(head.weight.shape) and tied:
         tied = False
     dtype = emb.weight.dtype
-    if tied:
+    hq = config.quantizer
+    eq = _EMBEDDING_QUANTIZER[hq]
+    hidden = int(head.weight.shape[1])
+    calib = None
+    if config.head is not None or (tied and not config.untie):
+        calib = _calibration(calibration if calibration is not None else config.calibration, hq, hidden, op)
+    config.calibration_rows = None if calib is None else int(calib.shape[0])
+    if tied and not config.untie:
         if config.head is not None and config.embedding is not None and config.head != config.embedding:
             raise qhead.InvalidArgumentError(
                 f"{op}: {type(model).__name__} has a tied table (one Parameter for both roles) and a tied table "
-                f"has one scheme: got head={config.head!r}, embedding={config.embedding!r}")
+                f"has one scheme: got head={config.head!r}, embedding={config.embedding!r} (untie=True gives "
+                "each role its own table)")
         scheme = config.head if config.head is not None else config.embedding
         w = emb.weight
-        table = QuantTable.from_dense(w.detach(), scheme, scale_dtype=_scale_dtype(w, config.scale_dtype),
-                                      threads=config.threads)
+        table = _quantize_role(w, scheme, config, hq, calib)
         # The rows kept for rescoring serve the embedding too, unless it was given a scheme.
         config.exact_embedding = bool(config.rescore) and config.embedding is None
         config.head = config.embedding = table.scheme
@@ -292,33 +387,45 @@ def _quantize_loaded(model: PreTrainedModel, config: QHeadConfig, op: str) -> Pr
         dense = w.detach() if config.rescore else None
         _install(model, emb_name, head_name, emb, table, table, config, dtype, dense_weight=dense)
         del w, dense
+    elif tied:
+        # untie: the head gets its own table; the embedding its own (or keeps the dense Parameter).
+        w = emb.weight
+        ht = _quantize_role(w, config.head, config, hq, calib)
+        et = _quantize_role(w, config.embedding, config, eq, None) if config.embedding is not None else None
+        config.head = ht.scheme
+        if et is not None:
+            config.embedding = et.scheme
+        config.tied = False
+        config.exact_embedding = False
+        # A dense embedding's Parameter is the rescoring rows too: no second dense copy.
+        dense = w.detach() if config.rescore else None
+        _install(model, emb_name, head_name, emb if et is not None else None, et, ht, config, dtype,
+                 dense_weight=dense)
+        _set_untied(model)
+        del w, dense
     else:
         if config.rescore and config.head is None:
             raise qhead.InvalidArgumentError(f"{op}: rescore = {config.rescore} needs a quantized head (head is None)")
         et = ht = None
         if config.embedding is not None:
-            et = QuantTable.from_dense(emb.weight.detach(), config.embedding,
-                                       scale_dtype=_scale_dtype(emb.weight, config.scale_dtype),
-                                       threads=config.threads)
+            et = _quantize_role(emb.weight, config.embedding, config, eq, None)
         if config.head is not None:
-            ht = QuantTable.from_dense(head.weight.detach(), config.head,
-                                       scale_dtype=_scale_dtype(head.weight, config.scale_dtype),
-                                       threads=config.threads)
+            ht = _quantize_role(head.weight, config.head, config, hq, calib)
         config.tied = False
         dense = head.weight.detach() if config.rescore else None
         _install(model, emb_name, head_name, emb if et is not None else None, et, ht, config,
                  dtype, dense_weight=dense)
         del dense
-    del emb, head
+    del emb, head, calib
     _attach(model, config)
     return model
 
 
 def quantize_model(model: PreTrainedModel, head: Optional[str] = "w4g64", embedding: Optional[str] = None,
                    rescore: int = 0, dense_rows: Optional[str] = "cpu", *, scale_dtype: Optional[str] = None,
-                   threads: int = 0) -> PreTrainedModel:
-    """Replaces the model's token tables by qhead modules (RTN quantization), in place; returns
-    the model.
+                   threads: int = 0, quantizer: str = "rtn", calibration: Any = None,
+                   untie: bool = False) -> PreTrainedModel:
+    """Replaces the model's token tables by qhead modules, in place; returns the model.
 
     head / embedding: scheme names or None (keep dense). A tied model (one Parameter for both
     roles) gets one packed table for both roles, with ``head``'s scheme (``embedding``'s when
@@ -329,14 +436,23 @@ def quantize_model(model: PreTrainedModel, head: Optional[str] = "w4g64", embedd
     so that rescoring gives the dense model's greedy tokens. The embedding keeps the model's scale (Gemma's
     sqrt(H)) and the model's dtype.
 
-    Raises qhead.InvalidArgumentError for a bad scheme name, a model without an output embedding
-    or one already quantized; qhead.UnsupportedError for roles that are not an nn.Embedding /
-    bias-free nn.Linear.
+    quantizer: ``"rtn"`` (default), ``"mse"``, ``"gptq"`` or ``"gptq-mse"``, for the head (or the
+    tied table); ``calibration`` the head's inputs [N, H] (a tensor, or a safetensors path as
+    QHeadConfig takes it), required by the GPTQ quantizers. ``untie=True`` gives a tied model two
+    tables (QHeadConfig.untie): the head with ``head``'s scheme and quantizer, the embedding with
+    ``embedding``'s (None: it keeps the dense Parameter).
+
+    Raises qhead.InvalidArgumentError for a bad scheme or quantizer name, missing or misshapen
+    calibration, a model without an output embedding or one already quantized;
+    qhead.UnsupportedError for roles that are not an nn.Embedding / bias-free nn.Linear.
     """
     _check_model(model, "quantize_model")
+    path = None if calibration is None or isinstance(calibration, torch.Tensor) else calibration
     config = QHeadConfig(head=head, embedding=embedding, rescore=rescore, dense_rows=dense_rows,
-                         scale_dtype=scale_dtype, threads=threads)
-    return _quantize_loaded(model, config, "quantize_model")
+                         scale_dtype=scale_dtype, threads=threads, quantizer=quantizer, calibration=path,
+                         untie=untie)
+    return _quantize_loaded(model, config, "quantize_model",
+                            calibration=calibration if isinstance(calibration, torch.Tensor) else None)
 
 
 def token_table_bytes(model: nn.Module) -> int:
@@ -498,16 +614,19 @@ class QHeadHfQuantizer(HfQuantizer):
         # Roles the checkpoint holds dense but the config quantizes.
         emb_mod, head_mod = model.get_input_embeddings(), model.get_output_embeddings()
         if et is None and cfg.embedding is not None and isinstance(emb_mod, nn.Embedding):
-            et = QuantTable.from_dense(emb_mod.weight.detach(), cfg.embedding,
-                                       scale_dtype=_scale_dtype(emb_mod.weight, cfg.scale_dtype))
+            et = _quantize_role(emb_mod.weight, cfg.embedding, cfg, _EMBEDDING_QUANTIZER[cfg.quantizer], None)
         if ht is None and cfg.head is not None and isinstance(head_mod, nn.Linear):
-            ht = QuantTable.from_dense(head_mod.weight.detach(), cfg.head,
-                                       scale_dtype=_scale_dtype(head_mod.weight, cfg.scale_dtype))
+            ht = _quantize_role(head_mod.weight, cfg.head, cfg, cfg.quantizer,
+                                _calibration(cfg.calibration, cfg.quantizer, int(head_mod.weight.shape[1]),
+                                             "from_pretrained"))
         dense_file = self._index.get(names["head"] + _DENSE_SUFFIX) if cfg.rescore else None
         dense_weight = None
         if cfg.rescore and dense_file is None:
             if isinstance(head_mod, nn.Linear):
                 dense_weight = head_mod.weight.detach()
+            elif (getattr(cfg, "untie", False) and et is None and isinstance(emb_mod, nn.Embedding)
+                  and ht is not None and tuple(emb_mod.weight.shape) == tuple(ht.shape)):
+                dense_weight = emb_mod.weight.detach()  # an untied pair's dense embedding holds the rows
             elif cfg.dense_rows in ("cpu", "device"):
                 raise qhead.InvalidFileError(
                     f"from_pretrained: rescore = {cfg.rescore} needs the head's full-precision rows, and the "
@@ -541,6 +660,9 @@ class QHeadHfQuantizer(HfQuantizer):
         for name, m in roles:
             if isinstance(m, QuantLMHead) and m.rescore:
                 dense = m._dense()
+                if (dense is not None and isinstance(emb, nn.Embedding) and not isinstance(emb, QuantEmbedding)
+                        and dense.data_ptr() == emb.weight.data_ptr() and dense.shape == emb.weight.shape):
+                    dense = None  # an untied pair's dense embedding: its weight is the rows, saved once
                 if dense is not None:
                     sd[name + _DENSE_SUFFIX] = dense.clone() if m.dense_rows not in ("cpu", "device") else dense
             t = m.table

@@ -514,14 +514,23 @@ class QuantTable(nn.Module):
 
     @classmethod
     def from_dense(cls, weight: Tensor, scheme: str = "w4g64", *, scale_dtype: Union[str, torch.dtype] = "f16",
-                   threads: int = 0) -> "QuantTable":
-        """RTN-quantizes a dense [V, H] weight (f32/f16/bf16) with qhead.quantize; the table lands on
-        the weight's device. dtype is the weight's dtype."""
+                   threads: int = 0, quantizer: str = "rtn", calibration: Optional[Tensor] = None
+                   ) -> "QuantTable":
+        """Quantizes a dense [V, H] weight (f32/f16/bf16) with qhead.quantize (``quantizer``: rtn,
+        mse, gptq, gptq-mse; ``calibration``: the head's inputs [N, H], required by the GPTQ ones,
+        per-column weights for mse); the table lands on the weight's device. dtype is the
+        weight's dtype."""
         if not isinstance(weight, Tensor):
             raise qhead.InvalidArgumentError(f"QuantTable.from_dense: weight must be a torch.Tensor, got {type(weight).__name__}")
         sd = _scale_dtype_name(_torch_dtype(scale_dtype, "scale_dtype"))
         w = weight.detach().to("cpu").contiguous()
-        t = qhead.quantize(w, scheme, scale_dtype=sd, threads=threads)
+        c = None
+        if calibration is not None:
+            if not isinstance(calibration, Tensor):
+                raise qhead.InvalidArgumentError(
+                    f"QuantTable.from_dense: calibration must be a torch.Tensor [N, H], got {type(calibration).__name__}")
+            c = calibration.detach().to("cpu").contiguous()
+        t = qhead.quantize(w, scheme, scale_dtype=sd, threads=threads, quantizer=quantizer, calibration=c)
         qt = cls.from_table(t, dtype=weight.dtype if weight.dtype in _FLOAT_DTYPES else torch.float32)
         return qt.to(weight.device) if weight.device.type != "cpu" else qt
 

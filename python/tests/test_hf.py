@@ -456,3 +456,137 @@ def test_bad_arguments():
         qh.quantize_model(m, head="w8")
     with pytest.raises(qhead.InvalidArgumentError, match="PreTrainedModel"):
         qh.quantize_model(torch.nn.Linear(4, 4))
+
+
+def _calibration(model, n=96, seed=5):
+    """The head's inputs over random ids: [n * 16, H] f32."""
+    _, x = _head_input(model, _ids(n // 16 if n >= 16 else 1, 16, seed=seed))
+    return x.detach().contiguous()
+
+
+def _gptq_objective(w, table, x):
+    """sum over rows of (w - ŵ)ᵀ XᵀX (w - ŵ): GPTQ's objective for a table on the inputs x."""
+    d = w.double() - torch.from_numpy(table.table().dequantize()).double()
+    return float(((x.double() @ d.T) ** 2).sum())
+
+
+@pytest.mark.parametrize("quantizer", ["mse", "gptq", "gptq-mse"])
+def test_quantize_model_quantizer(tmp_path, quantizer):
+    dense = _tiny("llama", True)
+    x = _calibration(dense)
+    w = dense.lm_head.weight.detach().clone()
+    q = qh.quantize_model(copy.deepcopy(dense), head="w4g64", quantizer=quantizer, calibration=x)
+    h = q.get_output_embeddings()
+    assert q.get_input_embeddings().table is h.table  # still one table for both roles
+    # The table is qhead.quantize's, bit for bit.
+    want = qhead.quantize(w, "w4g64", scale_dtype="f32", quantizer=quantizer, calibration=x)
+    deq_want = torch.from_numpy(want.dequantize())
+    assert torch.equal(torch.from_numpy(h.table.table().dequantize()), deq_want)
+    cfg = q.config.quantization_config
+    assert cfg.quantizer == quantizer and cfg.calibration is None and cfg.calibration_rows == x.shape[0]
+    # The calibrated quantizers lower GPTQ's objective against RTN on the same inputs.
+    rtn = qh.quantize_model(copy.deepcopy(dense), head="w4g64")
+    if quantizer != "mse":
+        assert _gptq_objective(w, h.table, x) < 0.9 * _gptq_objective(w, rtn.lm_head.table, x)
+    # A safetensors path gives the same table (its tensor "hidden"), and the config keeps the path.
+    from safetensors.torch import save_file
+
+    path = str(tmp_path / "states.safetensors")
+    save_file({"hidden": x, "target": torch.zeros(x.shape[0], dtype=torch.int64)}, path)
+    qp = qh.quantize_model(copy.deepcopy(dense), head="w4g64", quantizer=quantizer, calibration=path)
+    assert torch.equal(torch.from_numpy(qp.lm_head.table.table().dequantize()), deq_want)
+    assert qp.config.quantization_config.calibration == path
+    # from_pretrained quantizing while it loads, with the config's calibration file.
+    dense.save_pretrained(tmp_path / "dense")
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "dense", quantization_config=qh.QHeadConfig(head="w4g64", quantizer=quantizer, calibration=path))
+    assert torch.equal(torch.from_numpy(m.lm_head.table.table().dequantize()), deq_want)
+
+
+def test_untie_quantized_pair(tmp_path):
+    dense = _tiny("llama", True)
+    x = _calibration(dense)
+    w = dense.lm_head.weight.detach().clone()
+    q = qh.quantize_model(copy.deepcopy(dense), head="w4g64", embedding="w8", quantizer="gptq-mse",
+                          calibration=x, untie=True)
+    e, h = q.get_input_embeddings(), q.get_output_embeddings()
+    assert isinstance(e, QuantEmbedding) and isinstance(h, QuantLMHead) and e.table is not h.table
+    assert e.table.scheme == "w8" and h.table.scheme == "w4g64"
+    # The head: GPTQ-MSE on the calibration; the embedding: the MSE search without it.
+    assert torch.equal(torch.from_numpy(h.table.table().dequantize()),
+                       torch.from_numpy(qhead.quantize(w, "w4g64", scale_dtype="f32", quantizer="gptq-mse",
+                                                       calibration=x).dequantize()))
+    assert torch.equal(torch.from_numpy(e.table.table().dequantize()),
+                       torch.from_numpy(qhead.quantize(w, "w8", scale_dtype="f32", quantizer="mse").dequantize()))
+    cfg = q.config.quantization_config
+    assert cfg.tied is False and cfg.untie is True and q.config.tie_word_embeddings is False
+    assert qh.token_table_bytes(q) == e.table.nbytes + h.table.nbytes
+    ref = copy.deepcopy(dense)  # dense is tied: the reference gets its own two tables
+    ref.config.tie_word_embeddings = False
+    ref.lm_head.weight = torch.nn.Parameter(torch.from_numpy(h.table.table().dequantize()))
+    ref.model.embed_tokens.weight = torch.nn.Parameter(torch.from_numpy(e.table.table().dequantize()))
+    ids = _ids()
+    with torch.no_grad():
+        want = q(ids).logits
+        torch.testing.assert_close(want, ref(ids).logits, atol=2e-5 * float(want.abs().max()), rtol=1e-4)
+    q.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["tie_word_embeddings"] is False and saved["quantization_config"]["untie"] is True
+    tensors = _packed_keys(str(tmp_path / "model.safetensors"))
+    assert {"model.embed_tokens.weight_packed", "lm_head.weight_packed"} <= set(tensors)
+    r = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    re_, rh = r.get_input_embeddings(), r.get_output_embeddings()
+    assert re_.table is not rh.table and re_.table.scheme == "w8" and rh.table.scheme == "w4g64"
+    assert torch.equal(rh.table.weight_packed, h.table.weight_packed)
+    assert torch.equal(re_.table.weight_packed, e.table.weight_packed)
+    with torch.no_grad():
+        assert torch.equal(r(ids).logits, want)
+
+
+def test_untie_dense_embedding_rescoring(tmp_path):
+    """untie with no embedding scheme: the embedding keeps the dense Parameter, and the rescoring
+    head reads its rows from it (one dense copy, in memory and on disk)."""
+    dense = _tiny("llama", True)
+    w = dense.lm_head.weight.detach().clone()
+    q = qh.quantize_model(copy.deepcopy(dense), head="w4g64", untie=True, rescore=4)
+    e, h = q.get_input_embeddings(), q.get_output_embeddings()
+    assert type(e) is torch.nn.Embedding and isinstance(h, QuantLMHead) and h.rescore == 4
+    assert torch.equal(e.weight, w)
+    assert qh.token_table_bytes(q) == w.numel() * w.element_size() + h.table.nbytes
+    ids = _ids()
+    assert torch.equal(e(ids), dense.get_input_embeddings()(ids))
+    logits, xs = _head_input(q, ids)
+    exact = xs.double() @ w.double().T
+    assert torch.equal(logits.reshape(-1, V).argmax(1), exact.argmax(1))
+    q.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert "model.embed_tokens.weight" in keys and "lm_head.weight_packed" in keys
+    assert "lm_head.dense_weight" not in keys  # the embedding's weight is the rows
+    r = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(r.get_input_embeddings()) is torch.nn.Embedding and r.lm_head.rescore == 4
+    with torch.no_grad():
+        assert torch.equal(r(ids).logits, q(ids).logits)
+
+
+def test_quantizer_bad_arguments(tmp_path):
+    m = _tiny("llama", True)
+    with pytest.raises(qhead.InvalidArgumentError, match="quantizer"):
+        qh.QHeadConfig(head="w4g64", quantizer="awq")
+    with pytest.raises(qhead.InvalidArgumentError, match="needs calibration"):
+        qh.quantize_model(m, head="w4g64", quantizer="gptq")
+    with pytest.raises(qhead.InvalidArgumentError, match=r"\[N >= 1, 64\].*\[10, 32\]"):
+        qh.quantize_model(m, head="w4g64", quantizer="gptq", calibration=torch.ones(10, 32))
+    with pytest.raises(qhead.IoError, match="does not exist"):
+        qh.quantize_model(m, head="w4g64", quantizer="gptq", calibration=str(tmp_path / "none.safetensors"))
+    from safetensors.torch import save_file
+
+    two = str(tmp_path / "two.safetensors")
+    save_file({"a": torch.ones(4, H), "b": torch.ones(4, H)}, two)
+    with pytest.raises(qhead.InvalidArgumentError, match="PATH:TENSOR"):
+        qh.quantize_model(m, head="w4g64", quantizer="gptq", calibration=two)
+    with pytest.raises(qhead.InvalidArgumentError, match="untie"):
+        qh.quantize_model(m, head=None, embedding="w8", untie=True)
+    assert isinstance(m.get_output_embeddings(), torch.nn.Linear)  # failed calls change nothing
+    qh.quantize_model(m, head="w4g64", quantizer="gptq", calibration=two + ":b")
+    assert m.config.quantization_config.calibration == two + ":b"
