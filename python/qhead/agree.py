@@ -2,7 +2,7 @@
 
     python -m qhead.agree --model smollm2|gemma3|PATH.gguf|HF_DIR[,...] [--text FILE ...]
                           [--states FILE.safetensors] [--n N] [--schemes w8,w4g64,...]
-                          [--rescore 1,2,4,8,16] [--embedding SCHEME,...|same|none]
+                          [--rescore 1,2,4,8,16] [--embedding same,dense,[rtn:|mse:]SCHEME,...]
                           [--quantizer rtn,mse,gptq,gptq-mse] [--calibration-states N]
                           [--json OUT.json] [--plot OUT.png] [--threads N]
 
@@ -39,9 +39,13 @@ quantized) from the full distributions, "same top p" and Δp as llama.cpp's
 the corpus states. The same figures after exact top-K rescoring (qhead's rescore op on the
 dense rows, kept in ``--rescore-dtype``), for each K of ``--rescore``.
 
-``--embedding`` adds the same comparison with the input embedding quantized too (a tied model:
-the same packed table serves both roles): that changes the hidden states, so it runs the
-model's forward pass over the corpus again for each scheme named, and needs the model.
+``--embedding`` adds the same comparison with the input embedding quantized too, on the measured
+corpus states, for every head table of the run. Each entry is ``same`` (each head table serves
+the embedding too: a tied model's one packed copy), ``dense`` (an untied pair whose embedding stays
+dense) or ``[rtn:|mse:]SCHEME`` (an untied pair: the embedding its own table, ``qhead.hf``'s
+``untie=True``). A quantized embedding changes the hidden states, so each runs the model's forward
+pass over the corpus again (``same``: once per head table) and needs the model. The records give
+the bytes of both tables, so that one copy and the untied pairs compare at their cost.
 
 Output: a Markdown table, ``--json`` (one record per model x scheme x embedding x K) and
 ``--plot`` (matplotlib: agreement with its interval, and flips per 1000 states, by scheme and K).
@@ -574,8 +578,6 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
     calibrated = any(q in CALIBRATED for q in quantizers)
     if calibrated and calibration_states < 1:
         raise ValueError(f"agree: --calibration-states {calibration_states} must be >= 1")
-    if calibrated and embedding:
-        raise ValueError("agree: --embedding runs the RTN table only; give it without a calibrated --quantizer")
     ks = sorted(set(int(k) for k in rescore))
     if any(k < 1 for k in ks):
         raise ValueError(f"agree: --rescore values must be >= 1, got {list(rescore)}")
@@ -584,8 +586,10 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
     rdt = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}.get(rescore_dtype)
     if rdt is None:
         raise ValueError(f"agree: --rescore-dtype {rescore_dtype!r}: one of f32, bf16, f16")
-    for s in list(schemes) + [e for e in embedding if e != "same"]:
+    for s in list(schemes):
         qhead.Scheme(s)  # a bad name raises qhead.InvalidArgumentError naming it
+    for e in embedding:
+        parse_embedding(e)
     t_start = time.time()
     commit = qmodels.source_commit()  # the source the run starts from
     capture_max = None if (n is None or capture_all) else n
@@ -603,7 +607,7 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
             log(f"{st.meta['model']}: states saved to {path}")
         full = st
         calib_meta = None
-        calib = None
+        calib = cal_idx = None
         if calibrated:
             cal_idx, rest_idx = calibration_split(full, calibration_states)
             calib = full.hidden[cal_idx].contiguous()
@@ -630,6 +634,7 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
                     log(f"{st.meta['model']}: {s} skipped: {e}")
                     continue
                 t_quant[f"{q}:{s}"] = round(time.time() - t0, 2)
+                nbytes = int(tab.nbytes)
                 path_kind = "fused" if qhead.Scheme(s).bits in FUSED_BITS else "reference (dequantized)"
                 if path_kind != "fused":
                     tab = torch.from_numpy(tab.dequantize())
@@ -637,7 +642,7 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
                     key = name if a == acts[0] else f"{name}@{a}"
                     tables[key] = tab
                     labels[key] = {"scheme": s, "quantizer": q, "path": path_kind,
-                                   "activations": a if path_kind == "fused" else "exact"}
+                                   "activations": a if path_kind == "fused" else "exact", "head_bytes": nbytes}
                     modes[key] = a if path_kind == "fused" else "exact"
         log(f"{st.meta['model']}: {len(tables)} tables quantized ({', '.join(quantizers)}) in "
             f"{sum(t_quant.values()):.1f} s; comparing {len(st)} states, K = 0, {', '.join(map(str, ks))}")
@@ -648,13 +653,13 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
                 "rescore_dtype": rescore_dtype}
         records += _records(accs, ties, nll_d, st.source, base, list(tables), labels)
         t_cmp = time.time() - t1
-        quantizer = quantizers[0]
-        emb_schemes = list(tables) if list(embedding) == ["same"] else [e for e in embedding if e != "none"]
+        emb_specs = [e for e in embedding if e != "none"]
         t_emb = 0.0
-        if emb_schemes:
+        if emb_specs:
             t2 = time.time()
-            records += _embedding_records(spec, full, st, emb_schemes, ks, sd, rdt, mdt, quantizer, rescore_dtype,
-                                          log)
+            head_keys = [k for k in tables if labels[k]["activations"] == acts[0]]
+            records += _embedding_records(spec, full, st, emb_specs, {k: tables[k] for k in head_keys}, labels,
+                                          calib, cal_idx, ks, sd, rdt, mdt, rescore_dtype, log)
             t_emb = time.time() - t2
         model_meta[st.meta["model"]] = {
             **{k: st.meta.get(k) for k in ("model_file", "model_sha256", "model_dtype", "tied", "corpus_sha256",
@@ -678,45 +683,105 @@ def run(models: Sequence[str], *, states: Optional[str] = None, texts: Sequence[
     return {"meta": meta, "models": model_meta, "records": records}
 
 
+def parse_embedding(e: str) -> Tuple[str, Optional[str], Optional[str]]:
+    """An --embedding entry: ("same", None, None), ("dense", None, None) or ("pair", quantizer,
+    scheme) for ``[rtn:|mse:]SCHEME``. ValueError / qhead.InvalidArgumentError for a bad one."""
+    if e in ("same", "dense"):
+        return e, None, None
+    q, _, sch = e.rpartition(":")
+    q = q or "rtn"
+    if q not in ("rtn", "mse"):
+        raise ValueError(f"agree: --embedding {e!r}: an untied embedding is quantized with rtn or mse (its inputs "
+                         "are token ids: no calibration), as rtn:SCHEME or mse:SCHEME")
+    qhead.Scheme(sch)
+    return "pair", q, sch
+
+
 @torch.no_grad()
-def _embedding_records(spec, full: States, st: States, emb_schemes, ks, sd, rdt, mdt, quantizer, rescore_dtype,
-                       log) -> List[Dict[str, Any]]:
-    """The comparison with the input embedding quantized too: the corpus states again, from the
-    model whose embedding reads the quantized table (tied: the head's own table)."""
+def _embedding_records(spec, full: States, st: States, emb_specs, tables, labels, calib, cal_idx, ks, sd, rdt, mdt,
+                       rescore_dtype, log) -> List[Dict[str, Any]]:
+    """The comparison with the input embedding quantized too, on the measured corpus states: the
+    corpus teacher-forced again through the model whose embedding reads a quantized table, its
+    hidden states into every head table of the run, against the dense model at the same
+    positions. Each entry of ``emb_specs``:
+      "same"          each head table serves the embedding too (a tied model: the one-copy model);
+      "dense"         an untied pair with the dense embedding (the head's figures on these states);
+      "[rtn:|mse:]S"  an untied pair: the embedding its own table, scheme S.
+    Records carry "pair" ("one copy" | "untied") and the bytes of the embedding and head tables."""
     import qhead.hf as qh
     from qhead import corpus
 
     corpus_code = SOURCES.index("corpus")
-    mask = full.source == corpus_code
-    dense_hidden = full.hidden[mask]
-    targets = full.target[mask]
+    corp = (full.source == corpus_code).nonzero().flatten()  # full's corpus states, in capture order
+    keep = torch.ones(len(corp), dtype=torch.bool)
+    if cal_idx is not None:
+        keep &= ~torch.isin(corp, cal_idx)  # the calibration states are never measured
+    local = keep.nonzero().flatten()
+    n_measured = len(full) - (0 if cal_idx is None else len(cal_idx))
+    if len(st) < n_measured:  # --n: the same share of the corpus states
+        local = local[_spread(len(local), max(1, round(len(local) * len(st) / n_measured)))]
+    dense_hidden = full.hidden[corp[local]]
+    targets = full.target[corp[local]]
     names = [p["name"] for p in full.meta["parts"]]
     parts = [p for p in corpus.parts() if p.name in names]
-    out = []
     w = full.table
-    for s in emb_schemes:
+    dense_bytes = int(w.shape[0] * w.shape[1] * torch.empty((), dtype=mdt).element_size())
+    model_name = full.meta["model"]
+
+    def hidden_of(setup) -> Tensor:
+        """The corpus' hidden states of the model after setup(model), at the measured positions."""
         ref = qmodels.resolve(spec)
         model, enc = qmodels.load(ref)
         tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-        qh.quantize_model(model, head=s, embedding=None if tied else s, scale_dtype=sd)
-        t0 = time.time()
+        setup(model, tied)
         hs, ts, _, _ = _teacher_forced(model, enc, [(p.name, p.text) for p in parts], full.meta["window"], 0, 0,
                                        lambda m: None, max_tokens=full.meta.get("tokens_per_part"))
         del model
-        h = torch.cat(hs)
-        if not torch.equal(torch.cat(ts), targets):
+        if not torch.equal(torch.cat(ts), full.target[corp]):
             raise RuntimeError("agree: the corpus tokenized differently from the saved states")
-        dh, tg = dense_hidden, targets
-        if len(st) < len(full):  # --n: the same share of the corpus states
-            idx = _spread(len(h), max(1, round(len(h) * len(st) / len(full))))
-            h, dh, tg = h[idx], dense_hidden[idx], targets[idx]
-        tables = {s: qhead.quantize(w, s, scale_dtype=sd)}
-        accs, ties, nll_d = compare(h, w, tables, ks, targets=tg, dense_hidden=dh, rescore_dtype=rdt,
-                                    out_dtype=mdt, log=log)
-        base = {"model": full.meta["model"], "quantizer": quantizer, "embedding": s, "scale_dtype": sd,
+        return torch.cat(hs)[local]
+
+    def measure(h, keys, emb_label, pair, emb_bytes) -> List[Dict[str, Any]]:
+        accs, ties, nll_d = compare(h, w, {k: tables[k] for k in keys}, ks, targets=targets, dense_hidden=dense_hidden,
+                                    rescore_dtype=rdt, out_dtype=mdt, log=log)
+        base = {"model": model_name, "embedding": emb_label, "pair": pair, "scale_dtype": sd,
                 "rescore_dtype": rescore_dtype}
-        out += _records(accs, ties, nll_d, torch.zeros(len(h), dtype=torch.int64), base, [s])
-        log(f"{full.meta['model']} {s} (embedding quantized too): {len(h)} corpus states in {time.time() - t0:.1f} s")
+        lab = {k: dict(labels[k], embedding_bytes=int(emb_bytes if emb_bytes is not None else 0),
+                       table_bytes=int(labels[k]["head_bytes"] + (emb_bytes or 0))) for k in keys}
+        return _records(accs, ties, nll_d, torch.zeros(len(h), dtype=torch.int64), base, list(keys), lab)
+
+    out: List[Dict[str, Any]] = []
+    for e in emb_specs:
+        kind, eq, es = parse_embedding(e)
+        t0 = time.time()
+        if kind == "dense":
+            out += measure(dense_hidden, list(tables), "dense", "untied", dense_bytes)
+        elif kind == "same":
+            for k in tables:
+                lab = labels[k]
+                q = lab["quantizer"]
+
+                def setup(model, tied, lab=lab, q=q):
+                    qq = _QUANTIZER_OF.get(q, q)
+                    c = calib if q in CALIBRATED else None
+                    if tied:
+                        qh.quantize_model(model, head=lab["scheme"], scale_dtype=sd, quantizer=qq, calibration=c)
+                    else:
+                        qh.quantize_model(model, head=lab["scheme"], embedding=lab["scheme"], scale_dtype=sd,
+                                          quantizer=qq, calibration=c)
+
+                h = hidden_of(setup)
+                out += measure(h, [k], "same", "one copy", 0)
+        else:
+            emb_bytes = {}
+
+            def setup(model, tied, eq=eq, es=es):
+                qh.quantize_model(model, head=es, embedding=es, scale_dtype=sd, quantizer=eq, untie=True)
+                emb_bytes["n"] = int(model.get_input_embeddings().table.nbytes)
+
+            h = hidden_of(setup)
+            out += measure(h, list(tables), f"{eq}:{es}", "untied", emb_bytes["n"])
+        log(f"{model_name} embedding {e}: {len(local)} corpus states in {time.time() - t0:.1f} s")
     return out
 
 
@@ -736,7 +801,8 @@ def format_table(result: Dict[str, Any]) -> str:
         dppl = f"{r['dppl_pct']:+.2f}" if "dppl_pct" in r else "-"
         lines.append(
             f"| {r['model']} | {r.get('quantizer', 'rtn')} | {r['scheme']}{' (int8 x)' if r.get('activations') == 'int8' else ''} | "
-            f"{r['embedding']} | {r['rescore']} | {r['states']} | {r['ties']} | "
+            f"{r['embedding']}{' (' + r['pair'] + ')' if 'pair' in r else ''} | {r['rescore']} | {r['states']} | "
+            f"{r['ties']} | "
             f"{_pct(r['top1_agreement'])} [{_pct(r['wilson_lo'])}, {_pct(r['wilson_hi'])}] | "
             f"{r['flips_per_1k']:.2f} ({r['flips_outside_ties_per_1k']:.2f}) | {r['top5_overlap']:.4f} | "
             f"{r['top10_overlap']:.4f} | {r['kl_mean']:.2e} | {r['kl_p99']:.2e} | {r['kl_p999']:.2e} | "
@@ -752,7 +818,7 @@ def plot(result: Dict[str, Any], path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    recs = [r for r in result["records"] if r["embedding"] == "dense"]
+    recs = [r for r in result["records"] if r["embedding"] == "dense" and "pair" not in r]
     models = list(dict.fromkeys(r["model"] for r in recs))
     fig, axes = plt.subplots(len(models), 2, figsize=(13, 4.2 * len(models)), squeeze=False)
     for row, m in enumerate(models):
@@ -843,8 +909,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--rescore-dtype", default="f32", choices=("f32", "bf16", "f16"),
                     help="the dtype of the dense rows kept for rescoring (default f32)")
     ap.add_argument("--embedding", default="none",
-                    help="schemes to run again with the input embedding quantized too (comma list; 'same': every "
-                         "--schemes entry; default none)")
+                    help="the input embedding quantized too, each head table measured with it (comma list): same "
+                         "(each head table serves the embedding: one copy), dense (an untied pair, dense embedding), "
+                         "[rtn:|mse:]SCHEME (an untied pair: the embedding's own table); default none")
     ap.add_argument("--quantizer", default="rtn",
                     help="how the table is quantized, a comma list of: rtn (round to nearest), mse (per-group "
                          "scale/clip search), mse-act (the same weighted by the calibration states), gptq, gptq-mse "
@@ -892,8 +959,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for q in quantizers:
             if q not in QUANTIZERS:
                 raise ValueError(f"agree: --quantizer {q!r}: one of {', '.join(QUANTIZERS)}")
-        for s in schemes + [e for e in emb if e != "same"]:
+        for s in schemes:
             qhead.Scheme(s)  # a bad name raises qhead.InvalidArgumentError naming it
+        for e in emb:
+            parse_embedding(e)
         # The model last: a bad argument is reported even where the model is not at hand.
         for m in models:
             ref = qmodels.resolve(m)
