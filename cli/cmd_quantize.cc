@@ -128,6 +128,7 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
   o.requantize = a.requantize;
   o.mixed_schemes = a.mixed_schemes;
   o.force = a.force;
+  o.untie = a.untie;
   o.threads = a.threads;
   o.quantizer = parse_quantizer(a.quantizer);
   const std::optional<Tensor> calib = load_calibration(a.calibration, o.quantizer, a.input);
@@ -158,6 +159,7 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
           {"vocab", r.vocab},
           {"hidden", r.hidden},
           {"tied", r.tied},
+          {"untied", r.untied},
           {"roles", {{"embedding", role_json(r.embedding)}, {"head", role_json(r.head)}}},
           {"rewritten_files", r.rewritten_files},
           {"copied_files", r.copied_files},
@@ -170,12 +172,12 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
 }
 
 nlohmann::json quantize_file(const QuantizeArgs& a) {
-  if (a.embedding || a.head || a.requantize || a.mixed_schemes || a.force || !a.embedding_tensor.empty() ||
+  if (a.embedding || a.head || a.requantize || a.mixed_schemes || a.force || a.untie || !a.embedding_tensor.empty() ||
       !a.head_tensor.empty())
     throw Error(ErrorCode::kInvalidArgument, "quantize",
-                a.input + " is a file: --embedding/--head/--requantize/--mixed-schemes/--force/--embedding-tensor/"
-                          "--head-tensor are for a model directory; for a .safetensors file give --tensor NAME "
-                          "--scheme SCHEME");
+                a.input + " is a file: --embedding/--head/--requantize/--mixed-schemes/--force/--untie/"
+                          "--embedding-tensor/--head-tensor are for a model directory; for a .safetensors file give "
+                          "--tensor NAME --scheme SCHEME");
   if (a.tensor.empty() || a.scheme.empty())
     throw Error(ErrorCode::kInvalidArgument, "quantize",
                 a.input + " is a file: give --tensor NAME and --scheme SCHEME (or a model directory with "
@@ -247,7 +249,9 @@ namespace {
 void print_model_summary(const nlohmann::json& j) {
   fmt::print("{} -> {} ({}, vocab {} x hidden {}, {})\n", j["input"].get<std::string>(), j["output"].get<std::string>(),
              j["architecture"].get<std::string>(), j["vocab"].get<int64_t>(), j["hidden"].get<int64_t>(),
-             j["tied"].get<bool>() ? "tied: one table for both roles" : "untied");
+             j["tied"].get<bool>()     ? "tied: one table for both roles"
+             : j["untied"].get<bool>() ? "tied model written untied: a table per role"
+                                       : "untied");
   for (const char* role : {"embedding", "head"}) {
     const auto& r = j["roles"][role];
     const std::string action = r["action"].get<std::string>();

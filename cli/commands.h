@@ -46,6 +46,7 @@ struct QuantizeArgs {
   bool requantize = false;               // allow a scheme on an already quantized role
   bool mixed_schemes = false;            // allow config groups with different weight schemes
   bool force = false;                    // replace a non-empty output directory
+  bool untie = false;                    // a tied model written as two tables
   std::string embedding_tensor = "";     // role tensor overrides
   std::string head_tensor = "";
 };

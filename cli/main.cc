@@ -93,6 +93,9 @@ int run(int argc, char** argv) {
                      "model dir: allow config groups with different weight schemes (read by compressed-tensors' "
                      "ModelCompressor; transformers reads every module with the first group's scheme)");
   quantize->add_flag("--force", qa.force, "model dir: replace an existing non-empty output directory");
+  quantize->add_flag("--untie", qa.untie,
+                     "model dir, tied model: write two tables, the head (--head, required) with --quantizer and the "
+                     "embedding with --embedding or kept as stored; config.json gets tie_word_embeddings false");
   quantize->add_option("--embedding-tensor", qa.embedding_tensor, "model dir: embedding weight name (override)");
   quantize->add_option("--head-tensor", qa.head_tensor, "model dir: head weight name (override)");
   quantize->add_option("--scale-dtype", qa.scale_dtype,

@@ -324,6 +324,105 @@ TEST_F(ModelWrite, TiedWithTwoSchemesIsAnError) {
   EXPECT_NO_THROW(write_quantized_model(in, path("out").string(), o));
 }
 
+// untie: a tied model written as two tables; the head under its own name
+// (lm_head) with the chosen quantizer, the embedding kept or with its own
+// scheme, tie_word_embeddings false, and readers see two roles.
+TEST_F(ModelWrite, UntieWritesTheHeadApart) {
+  for (const bool stored_twice : {false, true}) {
+    SCOPED_TRACE(stored_twice ? "stored twice" : "stored once");
+    const std::string name = stored_twice ? "in2" : "in1";
+    const std::string in = make_dense(name, {.tied = true, .head_stored = stored_twice});
+    const Tensor emb = dense_role(in, "embedding");
+    // The head packed, the embedding kept dense: one config group.
+    ModelWriteOptions o;
+    o.head_scheme = "w4g64";
+    o.untie = true;
+    const std::string out = path(name + "_kept").string();
+    const ModelWriteReport r = write_quantized_model(in, out, o);
+    EXPECT_FALSE(r.tied);
+    EXPECT_TRUE(r.untied);
+    EXPECT_EQ(r.embedding.action, "kept");
+    EXPECT_EQ(r.head.action, "quantized");
+    EXPECT_EQ(r.head.module, "lm_head");
+    EXPECT_EQ(r.head.bytes_before, stored_twice ? size_t(kV * kH * 2) : 0u);
+    EXPECT_GT(r.head.bytes_after, 0u);
+    ModelInfo m;
+    const TokenTables t = load_model_tables(out, {}, &m);
+    EXPECT_FALSE(m.tied);
+    EXPECT_FALSE(t.tied());
+    EXPECT_TRUE(m.head.stored);
+    EXPECT_EQ(m.head.tensor, "lm_head.weight");
+    ASSERT_FALSE(t.embedding.is_packed());
+    EXPECT_TRUE(same_bytes(Tensor::copy_of(t.embedding.dense().view()), emb));  // the embedding as it was
+    expect_role_is_rtn(t.head, emb.view(), S("w4g64"));               // the head from the same table
+    const auto after = all_tensors(out);
+    EXPECT_EQ(after.count("lm_head.weight"), 0u);
+    EXPECT_EQ(after.count("lm_head.weight_packed"), 1u);
+    const json co = read_json(fs::path(out) / "config.json");
+    EXPECT_EQ(co["tie_word_embeddings"], false);
+    EXPECT_EQ(co["quantization_config"]["config_groups"].size(), 1u);
+    EXPECT_EQ(co["quantization_config"]["config_groups"]["group_0"]["targets"], json({"lm_head"}));
+
+    // Two schemes: refused without mixed_schemes (transformers would misread one), written with it.
+    o.embedding_scheme = "w8";
+    const std::string msg = expect_error([&] { write_quantized_model(in, path(name + "_two").string(), o); },
+                                         ErrorCode::kUnsupported);
+    EXPECT_NE(msg.find("--mixed-schemes"), std::string::npos) << msg;
+    o.mixed_schemes = true;
+    const std::string out2 = path(name + "_two").string();
+    const ModelWriteReport r2 = write_quantized_model(in, out2, o);
+    EXPECT_TRUE(r2.untied);
+    EXPECT_EQ(r2.embedding.action, "quantized");
+    const TokenTables t2 = load_model_tables(out2, {}, &m);
+    EXPECT_FALSE(m.tied);
+    expect_role_is_rtn(t2.embedding, emb.view(), S("w8"));
+    expect_role_is_rtn(t2.head, emb.view(), S("w4g64"));
+  }
+}
+
+TEST_F(ModelWrite, UntieRules) {
+  // The head needs a scheme.
+  const std::string in = make_dense("in", {.tied = true, .head_stored = false});
+  ModelWriteOptions o;
+  o.embedding_scheme = "w8";
+  o.untie = true;
+  const std::string msg = expect_error([&] { write_quantized_model(in, path("out").string(), o); },
+                                       ErrorCode::kInvalidArgument);
+  EXPECT_NE(msg.find("--head SCHEME"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(path("out")));
+  // With a GPTQ quantizer the head is calibrated and the embedding takes the quantizer's
+  // identity-Hessian form (gptq-mse: mse).
+  const Tensor emb = dense_role(in, "embedding");
+  Tensor calib = random_tensor(DType::kF32, 96, kH, 9);
+  o.head_scheme = "w4g64";
+  o.mixed_schemes = true;
+  o.quantizer = Quantizer::kGptqMse;
+  o.calibration = calib.view();
+  const std::string out = path("gptq").string();
+  write_quantized_model(in, out, o);
+  const TokenTables t = load_model_tables(out);
+  QuantizeOptions qo;
+  qo.quantizer = Quantizer::kGptqMse;
+  qo.calibration = calib.view();
+  const PackedTable head = quantize(emb.view(), S("w4g64"), qo);
+  EXPECT_TRUE(same_bytes(t.head.packed().packed, head.packed));
+  EXPECT_TRUE(same_bytes(t.head.packed().scale, head.scale));
+  QuantizeOptions eo;
+  eo.quantizer = Quantizer::kMse;
+  const PackedTable embq = quantize(emb.view(), S("w8"), eo);
+  EXPECT_TRUE(same_bytes(t.embedding.packed().packed, embq.packed));
+  EXPECT_TRUE(same_bytes(t.embedding.packed().scale, embq.scale));
+  // On an untied model untie changes nothing.
+  const std::string un = make_dense("untied", {});
+  ModelWriteOptions u;
+  u.head_scheme = "w4g64";
+  u.untie = true;
+  const ModelWriteReport ru = write_quantized_model(un, path("untied_out").string(), u);
+  EXPECT_FALSE(ru.tied);
+  EXPECT_FALSE(ru.untied);
+  EXPECT_EQ(ru.embedding.action, "kept");
+}
+
 TEST_F(ModelWrite, ShardedKeepsShardsAndRewritesTheIndex) {
   const std::string in = make_dense("in", {.sharded = true});
   const std::string out = path("out").string();

@@ -84,6 +84,10 @@ struct ModelInfo {
   int64_t vocab = 0;         // rows of the table (= config vocab_size)
   int64_t hidden = 0;        // columns (= config hidden_size / n_embd / d_model)
   bool tied = false;
+  // The head's weight name: the stored one, or, for a tied head that is not
+  // stored, the name the family (or ModelOverrides::head_tensor) gives it,
+  // where an untied copy goes ("" when unknown).
+  std::string head_name;
   // Whether config.json carries a compressed-tensors quantization_config.
   bool compressed_tensors = false;
   // The quantization method named by the checkpoint ("" when none):

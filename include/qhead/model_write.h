@@ -49,6 +49,17 @@
 // One scheme only: different embedding and head schemes are kInvalidArgument;
 // either one alone applies to the shared table.
 //
+// `untie` writes a tied model as two tables instead: the head, which needs a
+// scheme, packed under its own module name (ModelInfo::head_name, e.g.
+// lm_head) with the chosen quantizer, in the embedding's shard; the embedding
+// with its own scheme (the quantizer's form without calibration, as an untied
+// embedding gets) or, without one, kept as stored; config.json's
+// tie_word_embeddings (top level, and text_config's where it has one) set to
+// false. The second table costs its bytes; it buys an embedding the head's
+// quantizer does not choose (docs/accuracy.md measures the pairs). Two
+// different schemes need `mixed_schemes`, as for an untied model. On an
+// untied model `untie` changes nothing.
+//
 // A role without a scheme is kept as stored. A role already quantized that gets
 // a scheme is kInvalidArgument unless `requantize` (then it is dequantized to
 // f32 and quantized again from those values).
@@ -120,11 +131,12 @@ struct ModelWriteOptions {
   // ModelCompressor load path reads each group's scheme.
   bool mixed_schemes = false;
   bool force = false;       // replace an existing non-empty out_dir
+  bool untie = false;       // a tied model written as two tables (see above)
   int threads = 0;          // quantizer threads (<= 0: default)
   // How the head (or the tied table) is quantized, and its calibration
   // activations ([N, H], required by the GPTQ quantizers; not owned). An
   // untied embedding takes the quantizer's identity-Hessian form (gptq: rtn,
-  // gptq-mse: mse).
+  // gptq-mse: mse), never weighted by the calibration (the head's inputs).
   Quantizer quantizer = Quantizer::kRtn;
   std::optional<TensorView> calibration;
   ModelOverrides overrides; // explicit role tensor names
@@ -149,7 +161,8 @@ struct ModelWriteReport {
   std::string input_dir, output_dir;
   std::string architecture;
   int64_t vocab = 0, hidden = 0;
-  bool tied = false;
+  bool tied = false;    // out_dir's roles are one table
+  bool untied = false;  // the input was tied and out_dir stores two tables (untie)
   Role embedding, head;
   std::vector<std::string> rewritten_files;  // safetensors files rewritten (names within out_dir)
   std::vector<std::string> copied_files;     // everything else copied (relative paths)

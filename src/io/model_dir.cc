@@ -790,6 +790,7 @@ void find_roles(DirConfig& c, const Files& files, ModelInfo& info) {
     unsupported(info.embedding.file, module_of(emb_name) + " is stored GPTQ-quantized (" + module_of(emb_name) +
                                          ".qweight); GPTQ quantizes Linear layers only and qhead reads a GPTQ head, not a GPTQ embedding");
   c.head_present = !head_name.empty() && head_name != emb_name && has_weight(files, head_name);
+  info.head_name = head_name;
   if (c.head_present) {
     fill_role(c, files, info.head, head_name);
   } else if (info.tied) {

@@ -656,6 +656,8 @@ struct WritePlan {
   ModelWriteReport rep;
   std::vector<Job> jobs;
   bool drop_head_copy = false;  // a tied head's second stored copy is dropped
+  bool untie = false;           // a tied input written as two tables (options.untie)
+  bool tied_out = false;        // the output's roles are one table
   // plan_quant_config
   json out_qc;
   // plan_files
@@ -765,7 +767,19 @@ void plan_schemes(WritePlan& p, const ModelWriteOptions& o) {
   std::optional<QuantScheme>& sh = p.sh;
   se = scheme_for(o.embedding_scheme, info.embedding);
   sh = scheme_for(o.head_scheme, info.head);
-  if (info.tied) {
+  p.untie = info.tied && o.untie;
+  p.tied_out = info.tied && !p.untie;
+  if (p.untie) {
+    if (!sh)
+      fail(ErrorCode::kInvalidArgument, p.dir_s,
+           "untie: the model is tied and untying it writes the head as a table of its own: give the head a scheme "
+           "(--head SCHEME)");
+    if (info.head_name.empty() || info.head_name == info.embedding.tensor)
+      fail(ErrorCode::kInvalidArgument, p.dir_s,
+           "untie: the head's weight name is not known for architecture " + info.architecture +
+               " (its head shares " + info.embedding.tensor + "); name it with --head-tensor NAME");
+  }
+  if (p.tied_out) {
     if (se && sh && !(*se == *sh))
       fail(ErrorCode::kInvalidArgument, p.dir_s,
            "the model is tied (one table serves " + info.embedding.tensor + " and the head) but the embedding scheme " +
@@ -781,7 +795,7 @@ void plan_schemes(WritePlan& p, const ModelWriteOptions& o) {
                " again from its dequantized values");
   };
   check_packed(se, info.embedding, "the embedding");
-  if (!info.tied) check_packed(sh, info.head, "the head");
+  if (!p.tied_out) check_packed(sh, info.head, "the head");
   if (p.gptq) {
     for (const auto* r : {&info.embedding, &info.head}) {
       const auto& s = r == &info.embedding ? se : sh;
@@ -804,13 +818,15 @@ void plan_jobs(WritePlan& p) {
   rep.architecture = info.architecture;
   rep.vocab = info.vocab;
   rep.hidden = info.hidden;
-  rep.tied = info.tied;
+  rep.tied = p.tied_out;
+  rep.untied = p.untie;
   if (p.se)
     p.jobs.push_back({&info.embedding, &p.tables.embedding, *p.se, packed_prefix(info.embedding.tensor), {}, &rep.embedding});
-  if (p.sh && !info.tied)
-    p.jobs.push_back({&info.head, &p.tables.head, *p.sh, packed_prefix(info.head.tensor), {}, &rep.head});
+  if (p.sh && !p.tied_out)
+    p.jobs.push_back({&info.head, &p.tables.head, *p.sh, packed_prefix(p.untie ? info.head_name : info.head.tensor), {},
+                      &rep.head});
   // A tied head stored as a second copy is dropped when the shared table is quantized.
-  p.drop_head_copy = info.tied && p.se && info.head.stored && info.head.tensor != info.embedding.tensor;
+  p.drop_head_copy = p.tied_out && p.se && info.head.stored && info.head.tensor != info.embedding.tensor;
 }
 
 // The output's quantization_config, decided (and checked: one weight scheme
@@ -825,7 +841,7 @@ void plan_quant_config(WritePlan& p, const ModelWriteOptions& o) {
   }
   // A tied head is not stored in the output (unless it is the embedding tensor itself).
   std::string dropped_head;
-  if (info.tied && info.head.tensor != info.embedding.tensor) dropped_head = packed_prefix(info.head.tensor);
+  if (p.tied_out && info.head.tensor != info.embedding.tensor) dropped_head = packed_prefix(info.head.tensor);
   if (p.drop_head_copy) unassign.insert(dropped_head);
   // Roles kept packed, and whether anything else is packed.
   std::map<std::string, std::string> kept_packed;
@@ -860,13 +876,16 @@ void quantize_jobs(WritePlan& p, const ModelWriteOptions& o) {
     qo.quantizer = o.quantizer;
     // An untied embedding has no activations to calibrate on: the GPTQ
     // quantizers become what they are with an identity Hessian.
-    if (j.role == &p.info.embedding && !p.info.tied)
+    // quantizers become what they are with an identity Hessian, and the MSE
+    // search is not weighted by the head's inputs.
+    const bool own_embedding = j.role == &p.info.embedding && !p.tied_out;
+    if (own_embedding)
       qo.quantizer = o.quantizer == Quantizer::kGptq ? Quantizer::kRtn
                      : o.quantizer == Quantizer::kGptqMse ? Quantizer::kMse : o.quantizer;
     qo.threads = o.threads;
     qo.name = name;
     qo.progress = tick;
-    if (qo.quantizer != Quantizer::kRtn) qo.calibration = o.calibration;
+    if (qo.quantizer != Quantizer::kRtn && !own_embedding) qo.calibration = o.calibration;
     if (j.table->is_packed()) {
       const Tensor dense = j.table->to_dense_f32();  // the values it holds now, exactly
       j.q = quantize(dense.view(), j.scheme, qo);
@@ -891,11 +910,14 @@ void plan_files(WritePlan& p) {
     for (const char* k : r.format == Format::kGptq ? kGptqParts : kPackedParts)
       if (p.in.where.count(mod + k)) p.removed.insert(mod + k);
   };
+  auto holder_of = [](const ModelInfo::Role& r) {
+    const std::string mod = packed_prefix(r.tensor);
+    return r.format == Format::kDense ? r.tensor : r.format == Format::kGptq ? mod + ".qweight" : mod + ".weight_packed";
+  };
   for (const Job& j : p.jobs) {
     remove_role(*j.role);
-    const std::string holder = j.role->format == Format::kDense ? j.role->tensor
-                               : j.role->format == Format::kGptq ? j.module + ".qweight"
-                                                                 : j.module + ".weight_packed";
+    // An untied head that was not stored goes into the embedding's file.
+    const std::string holder = holder_of(j.role->stored ? *j.role : p.info.embedding);
     p.added[p.in.where.at(holder)].push_back(&j);
   }
   if (p.drop_head_copy) remove_role(p.info.head);
@@ -1011,6 +1033,13 @@ void write_temp(WritePlan& p, const ModelWriteOptions& o) {
            (p.gptq && rs == "quantize_config.json");  // replaced by the compressed-tensors config
   }, o, p.rep);
   p.cfg["quantization_config"] = p.out_qc;
+  if (p.untie) {
+    // Two tables now: every loader must see them apart.
+    p.cfg["tie_word_embeddings"] = false;
+    if (p.cfg.contains("text_config") && p.cfg["text_config"].is_object() &&
+        p.cfg["text_config"].contains("tie_word_embeddings"))
+      p.cfg["text_config"]["tie_word_embeddings"] = false;
+  }
   write_json(p.tmp.path / "config.json", p.cfg);
 }
 
@@ -1023,8 +1052,8 @@ void write_temp(WritePlan& p, const ModelWriteOptions& o) {
 // quantized, kept roles as they were.
 void check_roles_read_back(const WritePlan& p, const ModelInfo& got, const TokenTables& back) {
   const ModelInfo& info = p.info;
-  if (got.tied != info.tied) read_back_failed("tie changed");
-  if (back.tied() != p.tables.tied()) read_back_failed("tied tables are not one table");
+  if (got.tied != p.tied_out) read_back_failed(p.untie ? "the untied roles read back tied" : "tie changed");
+  if (back.tied() != (p.tables.tied() && !p.untie)) read_back_failed("tied tables are not one table");
   for (const Job& j : p.jobs) {
     const Table& t = j.role == &info.embedding ? back.embedding : back.head;
     const ModelInfo::Role& r = j.role == &info.embedding ? got.embedding : got.head;
@@ -1094,8 +1123,13 @@ void fill_role_reports(WritePlan& p, const ModelInfo& got) {
   fill(rep.head, info.head, got.head, "head");
   if (info.tied) {
     rep.head.bytes_before = info.head.tensor != info.embedding.tensor && info.head.stored ? info.head.bytes : 0;
-    rep.head.bytes_after = 0;
-    rep.head.file.clear();
+    if (p.tied_out) {
+      rep.head.bytes_after = 0;
+      rep.head.file.clear();
+    } else {
+      rep.head.tensor = info.head_name;  // untied: the head now stored under its own name
+      rep.head.module = packed_prefix(info.head_name);
+    }
   }
 }
 
@@ -1116,7 +1150,7 @@ void name_actions(WritePlan& p) {
   ModelWriteReport& rep = p.rep;
   for (const Job& j : p.jobs) j.report->action = j.role->packed ? "requantized" : "quantized";
   if (rep.embedding.action.empty()) rep.embedding.action = "kept";
-  if (p.info.tied) {
+  if (p.tied_out) {
     rep.head.action = "shared";
     rep.head.seconds = 0;
   } else if (rep.head.action.empty()) {
