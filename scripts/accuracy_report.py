@@ -2,7 +2,7 @@
 """Writes docs/accuracy.md from the JSON that `qhead agree --json` (and `qhead generate --json`)
 wrote; every figure on the page comes from those files, which say how they were made.
 
-    python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-quantizers.json docs/accuracy/*-bits.json docs/accuracy/*-embedding.json docs/accuracy/*-int8x.json docs/accuracy/generate_*.json [-o docs/accuracy.md]
+    python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-quantizers.json docs/accuracy/*-bits.json docs/accuracy/*-embedding.json docs/accuracy/*-untie.json docs/accuracy/*-int8x.json docs/accuracy/generate_*.json [-o docs/accuracy.md]
 
 A file is an agree result when it has "records", a generate result when it has "prompts".
 """
@@ -35,6 +35,50 @@ def agree_table(recs, ks=None):
             f"{r['kl_median']:.2e} | {r['kl_p99']:.2e} | {r['kl_p999']:.2e} | "
             f"{r['dp_top_mean_pct']:+.3f}, {r['dp_top_rms_pct']:.3f} | {dppl} |")
     return out
+
+
+def pair_section(model, m, meta, pairs, rel):
+    """One table or an untied pair: every head table with every embedding of the run (records
+    with "pair"), at the bytes of both tables."""
+    order = {"same": 0, "dense": 99}
+    embs = sorted(dict.fromkeys(r["embedding"] for r in pairs), key=lambda e: (order.get(e, 1), e))
+    heads = list(dict.fromkeys((r.get("quantizer", "rtn"), r["scheme"]) for r in pairs))
+    cal = m.get("calibration") or {}
+    dt = m.get("model_dtype", "float32")
+    out = [f"## {model}: one table or an untied pair", "",
+           f"The model's forward pass over the measured corpus states again ({pairs[0]['states']} states"
+           + (f"; GPTQ's {cal.get('states')} calibration states are not among them" if cal else "") +
+           "), its input embedding reading one of: the head's own table (**one copy**, what a tied model stores "
+           "and `qhead quantize` writes by default); a table of its own (an **untied pair**: `qhead quantize --untie "
+           "--embedding S`, `quantize_model(..., untie=True)`); or the dense rows (an untied pair whose embedding "
+           "stays dense: `--untie` without `--embedding`, and what a rescoring head's tied embedding reads, the rows "
+           "it keeps). Each head table is then scored against the dense model at the same positions. Bytes: both "
+           f"tables as held in memory, the dense rows at the model's dtype ({dt}; a bf16 table is half). Run: "
+           f"`{meta.get('command', 'qhead agree')}` — {meta['date']}, qhead {meta.get('qhead_commit') or ''}; "
+           f"JSON `{rel}`.", "",
+           "| head | embedding | tables (MiB) | top-1 % K = 0 | top-1 % K = 8 | flips outside ties (K = 0 / 8) "
+           "| Δppl % K = 0 | Δppl % K = 8 | KL mean K = 0 |",
+           "|---|---|---:|---:|---:|---|---:|---:|---:|"]
+
+    def rec(q, s, e, k):
+        return next((r for r in pairs if r.get("quantizer", "rtn") == q and r["scheme"] == s and r["embedding"] == e
+                     and r["rescore"] == k), None)
+
+    for q, s in heads:
+        for e in embs:
+            r0, r8 = rec(q, s, e, 0), rec(q, s, e, 8)
+            if r0 is None:
+                continue
+            label = {"same": "same table (one copy)", "dense": "dense (untied pair)"}.get(e, f"`{e}` (untied pair)")
+
+            def f(r, key, fmt):
+                return "-" if r is None or key not in r else format(r[key], fmt)
+
+            out.append(f"| {q} `{s}` | {label} | {r0['table_bytes'] / 2 ** 20:.1f} | {pct(r0['top1_agreement'])} | "
+                       f"{'-' if r8 is None else pct(r8['top1_agreement'])} | {r0['flips_outside_ties']} / "
+                       f"{'-' if r8 is None else r8['flips_outside_ties']} | {f(r0, 'dppl_pct', '+.2f')} | "
+                       f"{f(r8, 'dppl_pct', '+.2f')} | {r0['kl_mean']:.2e} |")
+    return out + [""]
 
 
 def by_source_table(recs):
@@ -189,8 +233,12 @@ def main(argv=None):
         meta = d["meta"]
         for model, m in d["models"].items():
             recs = [r for r in d["records"] if r["model"] == model]
-            head = [r for r in recs if r["embedding"] == "dense"]
-            emb = [r for r in recs if r["embedding"] != "dense"]
+            head = [r for r in recs if r["embedding"] == "dense" and "pair" not in r]
+            emb = [r for r in recs if r["embedding"] != "dense" and "pair" not in r]
+            pairs = [r for r in recs if "pair" in r]
+            if pairs:
+                out += pair_section(model, m, meta, pairs, os.path.relpath(f, os.path.dirname(args.out)))
+                continue
             if emb:
                 # A run with the embedding quantized too: its own, smaller state set.
                 out += [f"## {model}: the input embedding quantized too", "",
@@ -289,7 +337,7 @@ def main(argv=None):
             "--json docs/accuracy/smollm2-int8x.json",
             "qhead generate --model gemma3 --head w4g64 --rescore 8 --validation --new-tokens 64 --threads 2 "
             "--json docs/accuracy/generate_cpu_gemma3_w4g64_r8.json   # and the other generate_*.json",
-            "python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-quantizers.json docs/accuracy/*-bits.json docs/accuracy/*-embedding.json docs/accuracy/*-int8x.json docs/accuracy/generate_*.json",
+            "python scripts/accuracy_report.py docs/accuracy/smollm2.json docs/accuracy/gemma3.json docs/accuracy/*-quantizers.json docs/accuracy/*-bits.json docs/accuracy/*-embedding.json docs/accuracy/*-untie.json docs/accuracy/*-int8x.json docs/accuracy/generate_*.json",
             "```", ""]
     tmp = args.out + ".tmp"
     with open(tmp, "w") as fh:

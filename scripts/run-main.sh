@@ -10,9 +10,9 @@
 #      rescoring;
 #   3. `qhead quantize` of the model directory: its tied table to w4g64 with GPTQ-MSE calibrated on
 #      those states, one packed copy serving embedding and head, then `qhead inspect` of the result;
-#   4. `qhead generate`: three prompts, greedy, the dense model and the quantized head (w4g64 with
-#      exact top-8 rescoring, then w4g64 alone; generate quantizes the table in place with RTN),
-#      side by side, with tokens/s and the head's share;
+#   4. `qhead generate`: three prompts, greedy, the dense model and the quantized head (w4g64
+#      GPTQ-MSE calibrated on the same states, with exact top-8 rescoring, then alone; generate
+#      quantizes the table in place), side by side, with tokens/s and the head's share;
 #   5. `qhead bench` of the head at the model's shape (CPU), and where the plot was written.
 #
 # Output: $QHEAD_MAIN_OUT (default build-main/main-job). Extra arguments go to `qhead agree`.
@@ -58,11 +58,14 @@ HF_DIR="$("$PY" -m qhead.models convert smollm2)"
 PROMPTS=(--prompt "The capital of France is" --prompt "Once upon a time, in a small village by the sea,"
          --prompt $'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n')
 echo
-echo "== qhead generate: dense against w4g64 with exact top-8 rescoring"
-"$QHEAD" generate --model smollm2 --head w4g64 --rescore 8 --new-tokens 32 "${PROMPTS[@]}" --json "$OUT/generate-w4g64-r8.json"
+echo "== qhead generate: dense against w4g64 (GPTQ-MSE) with exact top-8 rescoring"
+GPTQ=(--quantizer gptq-mse --calibration "$OUT/states.safetensors")
+"$QHEAD" generate --model smollm2 --head w4g64 "${GPTQ[@]}" --rescore 8 --new-tokens 32 "${PROMPTS[@]}" \
+  --json "$OUT/generate-w4g64-r8.json"
 echo
-echo "== qhead generate: dense against w4g64 alone"
-"$QHEAD" generate --model smollm2 --head w4g64 --new-tokens 32 "${PROMPTS[@]}" --json "$OUT/generate-w4g64.json"
+echo "== qhead generate: dense against w4g64 (GPTQ-MSE) alone"
+"$QHEAD" generate --model smollm2 --head w4g64 "${GPTQ[@]}" --new-tokens 32 "${PROMPTS[@]}" \
+  --json "$OUT/generate-w4g64.json"
 
 echo
 echo "== qhead bench: the head at SmolLM2's shape (CPU; logits and top-50 with log-sum-exp)"

@@ -1,7 +1,8 @@
 """qhead.generate: greedy generation with a qhead-quantized token table beside the dense model's.
 
     python -m qhead.generate --model smollm2|gemma3|PATH.gguf|HF_DIR [--head SCHEME] [--embedding SCHEME]
-           [--rescore K] [--dense-rows cpu|device|FILE] [--prompt TEXT ...] [--validation]
+           [--rescore K] [--quantizer Q] [--calibration STATES.safetensors] [--untie]
+           [--dense-rows cpu|device|FILE] [--prompt TEXT ...] [--validation]
            [--new-tokens 64] [--device cpu|cuda] [--threads N] [--json OUT.json]
 
 ``qhead generate ARGS...`` runs the same command.
@@ -78,12 +79,26 @@ def _scheme(param: str, name: Optional[str]) -> Optional[str]:
         raise ArgumentError(param, f"{name!r} is not a qhead scheme ({e})") from None
 
 
+QUANTIZERS = ("rtn", "mse", "gptq", "gptq-mse")
+
+
 def _check(model_spec: str, head: Optional[str], embedding: Optional[str], rescore: int, new_tokens: int,
-           device: str, dense_rows: str, threads: int) -> Tuple[qmodels.ModelRef, Optional[str], Optional[str]]:
+           device: str, dense_rows: str, threads: int, quantizer: str = "rtn", calibration: Optional[str] = None,
+           untie: bool = False) -> Tuple[qmodels.ModelRef, Optional[str], Optional[str]]:
     """Checks every argument before anything is loaded; (model ref, head scheme, embedding scheme)."""
     hs, es = _scheme("head", head), _scheme("embedding", embedding)
     if hs is None and es is None:
         raise ArgumentError("head", "head and embedding are both dense: nothing to quantize")
+    if quantizer not in QUANTIZERS:
+        raise ArgumentError("quantizer", f"{quantizer!r}: one of {', '.join(QUANTIZERS)}")
+    if quantizer in ("gptq", "gptq-mse") and calibration is None:
+        raise ArgumentError("calibration", f"--quantizer {quantizer} needs the head's inputs: a states file "
+                                           "(qhead agree --states FILE writes one)")
+    if calibration is not None and not os.path.isfile(calibration.rsplit(":", 1)[0] if not os.path.isfile(calibration)
+                                                      else calibration):
+        raise ArgumentError("calibration", f"{calibration!r}: no such file")
+    if untie and hs is None:
+        raise ArgumentError("untie", "untying gives the head its own table: give --head SCHEME")
     if not isinstance(rescore, int) or rescore < 0:
         raise ArgumentError("rescore", f"K = {rescore} must be an integer >= 0")
     if not isinstance(new_tokens, int) or new_tokens < 1:
@@ -287,17 +302,20 @@ def first_diff(a: Sequence[int], b: Sequence[int]) -> Optional[int]:
 
 def run(model_spec: str, head: Optional[str] = "w4g64", embedding: Optional[str] = None, rescore: int = 0,
         prompts: Optional[Sequence[Any]] = None, new_tokens: int = 64, device: str = "cpu",
-        dense_rows: str = "cpu", *, threads: int = 0, command: Optional[str] = None, log=None) -> Dict[str, Any]:
+        dense_rows: str = "cpu", *, threads: int = 0, quantizer: str = "rtn", calibration: Optional[str] = None,
+        untie: bool = False, command: Optional[str] = None, log=None) -> Dict[str, Any]:
     """Greedy decoding of every prompt with the dense model, then with its token tables quantized
     (in place: one load); returns the result dict (what ``--json`` writes; see the module doc).
 
     head / embedding: scheme names, or None / "dense" / "none" to keep the role dense (a tied
     model gets one table: qhead.hf.quantize_model's rules). prompts: strings or corpus Prompts
-    (None: the validation prompts). threads > 0 sets torch's and qhead's CPU threads.
+    (None: the validation prompts). threads > 0 sets torch's and qhead's CPU threads. quantizer,
+    calibration (a safetensors file of the head's inputs) and untie: as qhead.hf.quantize_model takes them.
     Raises :class:`ArgumentError` (naming the parameter) for a bad argument or a model that
     cannot be loaded, before loading anything.
     """
-    ref, hs, es = _check(model_spec, head, embedding, rescore, new_tokens, device, dense_rows, threads)
+    ref, hs, es = _check(model_spec, head, embedding, rescore, new_tokens, device, dense_rows, threads, quantizer,
+                         calibration, untie)
     rows = _prompt_rows(prompts)
     import torch
     import transformers
@@ -324,7 +342,8 @@ def run(model_spec: str, head: Optional[str] = "w4g64", embedding: Optional[str]
     dense_roles = _roles(model)
     dense = _pass(model, encoder, rows, new_tokens, device, log)
     t = time.perf_counter()
-    qh.quantize_model(model, head=hs, embedding=es, rescore=rescore, dense_rows=dense_rows)
+    qh.quantize_model(model, head=hs, embedding=es, rescore=rescore, dense_rows=dense_rows, quantizer=quantizer,
+                      calibration=calibration, untie=untie)
     quantize_s = time.perf_counter() - t
     del emb, out
     gc.collect()
@@ -358,7 +377,8 @@ def run(model_spec: str, head: Optional[str] = "w4g64", embedding: Optional[str]
         "model": {"spec": model_spec, "name": ref.name, "kind": ref.kind, "file": os.path.basename(ref.path),
                   "sha256": sha,
                   "vocab": vocab, "hidden": hidden, "tied": tied, "dtype": "float32"},
-        "head": hs, "embedding": es, "rescore": rescore, "dense_rows": dense_rows,
+        "head": hs, "embedding": es, "rescore": rescore, "dense_rows": dense_rows, "quantizer": quantizer,
+        "calibration": None if calibration is None else os.path.basename(calibration), "untie": untie,
         "new_tokens": new_tokens, "batch": 1,
         "device": _device_name(device), "device_kind": device,
         "threads": {"torch": torch.get_num_threads(), "qhead": qhead.num_threads()},
@@ -450,6 +470,14 @@ def _parser() -> argparse.ArgumentParser:
                     help="the head's scheme (w4g64, w8, w4g128a, ...; dense/none keeps it dense; default w4g64)")
     ap.add_argument("--embedding", default=None, metavar="SCHEME",
                     help="the embedding's scheme (default: dense; a tied model has one table: see qhead.hf)")
+    ap.add_argument("--quantizer", default="rtn", metavar="rtn|mse|gptq|gptq-mse",
+                    help="how the head (a tied model: the table) is quantized (default rtn; gptq and gptq-mse need "
+                         "--calibration)")
+    ap.add_argument("--calibration", default=None, metavar="STATES.safetensors[:TENSOR]",
+                    help="the head's inputs [N, H] (qhead agree --states writes them)")
+    ap.add_argument("--untie", action="store_true",
+                    help="a tied model gets two tables: the head's (--head, --quantizer) and the embedding's "
+                         "(--embedding, or dense)")
     ap.add_argument("--rescore", type=int, default=0, metavar="K",
                     help="rescore the head's top K logits of every step from the full-precision rows (default 0)")
     ap.add_argument("--dense-rows", default="cpu", metavar="cpu|device|FILE",
@@ -475,7 +503,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             prompts = list(args.prompt) + (validation_prompts() if args.validation else [])
         result = run(args.model, head=args.head, embedding=args.embedding, rescore=args.rescore, prompts=prompts,
                      new_tokens=args.new_tokens, device=args.device, dense_rows=args.dense_rows,
-                     threads=args.threads, command=shlex.join([sys.executable, "-m", "qhead.generate", *argv]),
+                     threads=args.threads, quantizer=args.quantizer, calibration=args.calibration,
+                     untie=args.untie, command=shlex.join([sys.executable, "-m", "qhead.generate", *argv]),
                      log=lambda s: print(s, file=sys.stderr, flush=True))
     except ArgumentError as e:
         ap.exit(2, f"{ap.prog}: error: --{e.param}: {e.reason}\n")

@@ -32,6 +32,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
     (["--model", "smollm2", "--device", "tpu"], "--device", "expected cpu or cuda"),
     (["--model", "smollm2", "--rescore", "8", "--dense-rows", "{tmp}/rows.safetensors"], "--dense-rows",
      "expected cpu, device or a safetensors file"),
+    (["--model", "smollm2", "--quantizer", "awq"], "--quantizer", "one of rtn, mse, gptq, gptq-mse"),
+    (["--model", "smollm2", "--quantizer", "gptq"], "--calibration", "needs the head's inputs"),
+    (["--model", "smollm2", "--quantizer", "gptq", "--calibration", "{tmp}/none.safetensors"], "--calibration",
+     "no such file"),
+    (["--model", "smollm2", "--head", "dense", "--embedding", "w8", "--untie"], "--untie", "--head SCHEME"),
     (["--head", "w8"], "--model", "required"),
     (["--model", "smollm2", "--temperature", "0.7"], "--temperature", "unrecognized"),
 ])
@@ -141,6 +146,34 @@ def test_tiny_model_command(device, tmp_path, capsys):
     assert r["dense"]["table_bytes"] == 256 * 64 * 4
     assert r["quantized"]["table_bytes"] == 256 * 64 + 256 * 4 + 256 * 64 * 4
     assert r["quantized"]["roles"]["head"].startswith("w8 + rescore 8")
+
+
+def test_tiny_model_gptq_untied(tmp_path, capsys):
+    """--quantizer gptq-mse --calibration FILE --untie --embedding w8: the head GPTQ-quantized on the
+    file's states, the embedding its own w8 table, both in the record."""
+    import torch
+    from safetensors.torch import save_file
+
+    d = _tiny_model_dir(tmp_path / "tiny")
+    calib = tmp_path / "states.safetensors"
+    g = torch.Generator().manual_seed(3)
+    save_file({"hidden": torch.randn(200, 64, generator=g)}, str(calib))
+    out = tmp_path / "out.json"
+    argv = ["--model", d, "--head", "w4g64", "--embedding", "w8", "--untie", "--quantizer", "gptq-mse",
+            "--calibration", str(calib), "--prompt", "w1 w2 w3", "--new-tokens", "3", "--threads", "1",
+            "--json", str(out)]
+    threads = (torch.get_num_threads(), qhead.num_threads())
+    try:
+        assert qg.main(argv) == 0
+    finally:
+        torch.set_num_threads(threads[0])
+        qhead.set_num_threads(threads[1])
+    capsys.readouterr()
+    r = json.loads(out.read_text())
+    assert r["quantizer"] == "gptq-mse" and r["calibration"] == "states.safetensors" and r["untie"] is True
+    assert r["quantized"]["roles"]["head"].startswith("w4g64") and r["quantized"]["roles"]["embedding"].startswith("w8")
+    # Two packed tables: w4g64 (with its scales) and w8 (per-row scales), f32 scales.
+    assert r["quantized"]["table_bytes"] == (256 * 64 // 2 + 256 * 4) + (256 * 64 + 256 * 4)
 
 
 # ---- a real run ---------------------------------------------------------------------------------
