@@ -269,6 +269,12 @@ void print_model_summary(const nlohmann::json& j) {
       fmt::print("  {:<10} {:<28} kept: {}, {}\n", role, r["module"].get<std::string>(), now, human_bytes(before));
       continue;
     }
+    if (before == 0) {  // an untied head: a table of its own, from the shared one
+      fmt::print("  {:<10} {:<28} {} -> {}: a new table of its own, {} in {:.2f} s\n", role,
+                 r["module"].get<std::string>(), r["before"].get<std::string>(), now, human_bytes(after),
+                 r["seconds"].get<double>());
+      continue;
+    }
     fmt::print("  {:<10} {:<28} {} -> {}: {} -> {} ({:.2f}x) in {:.2f} s{}\n", role, r["module"].get<std::string>(),
                r["before"].get<std::string>(), now, human_bytes(before), human_bytes(after),
                after > 0 ? before / after : 0.0, r["seconds"].get<double>(),

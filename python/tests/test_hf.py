@@ -412,6 +412,42 @@ def test_load_quantized_qhead_cli_output(tmp_path, tied):
         assert torch.equal(m(ids).logits, want(ids).logits)
 
 
+@pytest.mark.skipif(_qhead_cli() is None, reason="the qhead CLI is not built (QHEAD_CLI names its path)")
+@pytest.mark.parametrize("embedding", [None, "w8"], ids=["dense-embedding", "w8-embedding"])
+def test_qhead_cli_untie(tmp_path, embedding):
+    """`qhead quantize --untie` of a tied model: two roles for transformers (through
+    compressed-tensors, the independent reader) and for qhead.hf, with quantize_model(untie=True)'s
+    tables."""
+    dense = _tiny("llama", True)
+    dense.save_pretrained(tmp_path / "dense")
+    cmd = [_qhead_cli(), "quantize", str(tmp_path / "dense"), "--head", "w4g64", "--untie", "-o", str(tmp_path / "q")]
+    if embedding:
+        cmd += ["--embedding", embedding, "--mixed-schemes"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    cfg = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is False
+    want = qh.quantize_model(copy.deepcopy(dense), head="w4g64", embedding=embedding, untie=True)
+    ids = _ids()
+    with torch.no_grad():
+        ref = want(ids).logits
+    m = qh.load_quantized(tmp_path / "q")
+    e, h = m.get_input_embeddings(), m.get_output_embeddings()
+    assert isinstance(h, QuantLMHead) and torch.equal(h.table.weight_packed, want.lm_head.table.weight_packed)
+    if embedding:
+        assert isinstance(e, QuantEmbedding) and e.table is not h.table and e.table.scheme == embedding
+        assert torch.equal(e.table.weight_packed, want.get_input_embeddings().table.weight_packed)
+    else:
+        assert type(e) is torch.nn.Embedding and torch.equal(e.weight, dense.get_input_embeddings().weight)
+    with torch.no_grad():
+        assert torch.equal(m(ids).logits, ref)
+    if embedding is None:  # one scheme: transformers reads it through compressed-tensors
+        pytest.importorskip("compressed_tensors")
+        t = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "q")
+        assert t.config.tie_word_embeddings is False
+        with torch.no_grad():
+            torch.testing.assert_close(t(ids).logits, ref, atol=2e-5 * float(ref.abs().max()), rtol=1e-4)
+
+
 def test_load_quantized_refuses_other_packed_modules(tmp_path):
     import shutil
 
