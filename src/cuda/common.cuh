@@ -9,7 +9,6 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
-#include <utility>
 
 #include "core/entry.h"
 #include "qhead/error.h"
@@ -27,41 +26,6 @@ inline void check(cudaError_t e, const char* what, const char* file, int line) {
 #define QHEAD_CUDA_CHECK_LAUNCH(name) ::qhead::cuda_detail::check(cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
 
 cudaStream_t current_stream();
-
-// Programmatic dependent launch (sm_90). A kernel launched with
-// launch_dependent() may start while the kernel before it in the stream still
-// runs; it must call pdl_wait() before it reads anything that kernel (or any
-// before it) wrote: pdl_wait() returns once that grid has completed and its
-// writes are visible. pdl_launch_dependents() lets such a next kernel start
-// once every block of this grid has called it or exited. For a kernel
-// launched without the attribute both are no-ops.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Launches kernel<<<grid, block, smem, s>>>(args...) as a programmatic
-// dependent of the stream's previous kernel (its blocks wait in pdl_wait()).
-template <class... P, class... A>
-cudaError_t launch_dependent(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A&&... args) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
-}
 
 // Lets Kernel use `bytes` of dynamic shared memory; the attribute is set once
 // per kernel (the first call's bytes: every launcher passes a constant).

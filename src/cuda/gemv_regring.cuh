@@ -24,7 +24,6 @@ __global__ void __launch_bounds__(256) logits_gemv_regring_kernel(const LogitsAr
   const int64_t warp = int64_t(blockIdx.y) * (blockDim.x / 32) + (threadIdx.x >> 5);
   const int64_t nwarps = int64_t(gridDim.y) * (blockDim.x / 32);
   const int64_t tiles = (a.V + 16 * RT - 1) / (16 * RT);
-  pdl_launch_dependents();  // a dependent selection kernel may be scheduled (it waits for this grid)
   if (warp >= tiles) return;
   const int my_tiles = int((tiles - warp + nwarps - 1) / nwarps);
   const int nchunks = a.H / S;

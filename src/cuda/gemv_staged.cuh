@@ -68,7 +68,6 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
   static_assert(SPS % 2 == 0 && (ROWS * SPS) % 32 == 0, "stage geometry");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
   const int wic = threadIdx.x >> 5;
-  pdl_launch_dependents();  // a dependent selection kernel may be scheduled (it waits for this grid)
   const int64_t warp = int64_t(blockIdx.y) * kWarps + wic;
   const int64_t nwarps = int64_t(gridDim.y) * kWarps;
   const int64_t tiles = (a.V + ROWS - 1) / ROWS;

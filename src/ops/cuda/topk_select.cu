@@ -25,10 +25,6 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectAr
   extern __shared__ __align__(16) unsigned char sel_items[];
   In* items = reinterpret_cast<In*>(sel_items);  // item i = j·T + thread
   const int p = blockIdx.x, m = blockIdx.y, P = gridDim.x;
-  // Launched as a dependent of the kernel that wrote `in` (launch_dependent): the next level
-  // may be scheduled now; this one reads nothing before its input is complete.
-  pdl_launch_dependents();
-  pdl_wait();
   const int64_t b = int64_t(p) * SLICE;
   const int cnt = int(a.n - b < SLICE ? a.n - b : SLICE);
   const In* in = static_cast<const In*>(a.in) + int64_t(m) * a.n + b;
@@ -111,10 +107,8 @@ void launch_select(dim3 grid, const SelectArgs& a, cudaStream_t s) {
   constexpr auto kernel = topk_select_kernel<In, PER>;
   constexpr int bytes = select_smem_bytes<In, PER>();
   allow_dynamic_smem<kernel>(bytes);
-  // A dependent launch: the block's set-up overlaps the previous kernel's tail (the gap between
-  // the logits and each selection level; docs/tuning-notes.md, "Top-k selection").
-  check(launch_dependent(kernel, grid, dim3(kSelThreads), bytes, s, a), "launch of topk_select_kernel", __FILE__,
-        __LINE__);
+  kernel<<<grid, kSelThreads, bytes, s>>>(a);
+  QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel");
 }
 
 }  // namespace
