@@ -107,6 +107,9 @@ QuantizeOptions opts(Quantizer q, const Tensor* calib = nullptr, int threads = 2
   o.quantizer = q;
   o.threads = threads;
   o.name = "test table";
+  // 1% damping: the tolerances below that compare damped and undamped losses
+  // are derived from it (the library default is larger).
+  o.damp = 0.01;
   if (calib) o.calibration = calib->view();
   return o;
 }

@@ -87,7 +87,10 @@ struct QuantizeOptions {
   // quantizers; kMse uses it, when given, for per-column error weights;
   // kRtn ignores it. Not owned: it must outlive the call.
   std::optional<TensorView> calibration;
-  double damp = 0.01;  // GPTQ: diagonal damping, a fraction of mean(diag H)
+  // GPTQ: diagonal damping, a fraction of mean(diag H); also the floor added
+  // to kMse's calibration column weights. 0.1 gave the lowest mean KL on both
+  // measured models (docs/tuning-notes.md, "GPTQ damping").
+  double damp = 0.1;
   int block = 128;     // GPTQ: columns per block of lazy updates
   // GPTQ, symmetric schemes: after the codes are chosen, refit each row's
   // group scales by least squares on GPTQ's objective (w - ŵ)ᵀH(w - ŵ) (the

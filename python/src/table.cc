@@ -337,9 +337,9 @@ void register_tables(nb::module_& m) {
       },
       nb::arg("weight").none(), nb::arg("scheme") = "w4g64", nb::kw_only(), nb::arg("scale_dtype") = "f16",
       nb::arg("threads") = 0, nb::arg("quantizer") = "rtn", nb::arg("calibration").none() = nb::none(),
-      nb::arg("damp") = 0.01, nb::arg("block") = 128, nb::arg("refit_scales") = true, nb::arg("passes") = 1,
+      nb::arg("damp") = 0.1, nb::arg("block") = 128, nb::arg("refit_scales") = true, nb::arg("passes") = 1,
       nb::sig("def quantize(weight: object, scheme: Scheme | str = 'w4g64', *, scale_dtype: str = 'f16', "
-              "threads: int = 0, quantizer: str = 'rtn', calibration: object | None = None, damp: float = 0.01, "
+              "threads: int = 0, quantizer: str = 'rtn', calibration: object | None = None, damp: float = 0.1, "
               "block: int = 128, refit_scales: bool = True, passes: int = 1) -> Table"),
       "Quantizes a dense CPU weight f32/f16/bf16 [V, H] into a new packed Table (the compressed-tensors "
       "pack-quantized layout whatever the quantizer). scheme: a Scheme or a name (then scale_dtype applies); "
