@@ -228,7 +228,10 @@ def main(argv=None):
            "--json` and `qhead generate --json` wrote. Method: [architecture.md](architecture.md#accuracy-qhead-agree-"
            "pythonqheadagreepy-statspy-modelspy-corpus). Every record compares a quantized head with the model's own "
            "dense head (its GGUF table dequantized to f32) on the same decode states; the quantizer is RTN unless a "
-           "section compares quantizers.", ""]
+           "section compares quantizers. Both GGUF files store the token table as Q8_0 (blocks of 32 8-bit codes "
+           "with an f16 scale), so the dense reference is that table dequantized: a symmetric `w8g32` head with f16 "
+           "scales can reproduce it exactly (the MSE search finds those scales), and 8-bit figures at group 32 say "
+           "nothing about a bf16 checkpoint; none is reported here.", ""]
     for f, d in agrees:
         meta = d["meta"]
         for model, m in d["models"].items():
