@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -50,6 +51,21 @@ bool looks_gguf(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   char m[4] = {};
   return in.read(m, 4) && std::string(m, 4) == "GGUF";
+}
+
+// --damp: only where calibration is read (the GPTQ quantizers, mse with
+// --calibration); finite and >= 0. Without it, QuantizeOptions's default.
+double damp_of(const QuantizeArgs& a, Quantizer q, bool calibrated, const std::string& what) {
+  if (!a.damp) return QuantizeOptions{}.damp;
+  if (!calibrated || q == Quantizer::kRtn)
+    throw Error(ErrorCode::kInvalidArgument, "quantize",
+                what + ": --damp applies to a quantizer that reads --calibration (gptq, gptq-mse, or mse with "
+                       "--calibration); --quantizer is " + quantizer_name(q) +
+                       (calibrated ? "" : " without --calibration"));
+  if (!std::isfinite(*a.damp) || *a.damp < 0.0)
+    throw Error(ErrorCode::kInvalidArgument, "quantize",
+                what + ": --damp must be finite and >= 0, got " + std::to_string(*a.damp));
+  return *a.damp;
 }
 
 // The calibration activations of --calibration FILE[:TENSOR]: TENSOR, else
@@ -133,6 +149,7 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
   o.quantizer = parse_quantizer(a.quantizer);
   const std::optional<Tensor> calib = load_calibration(a.calibration, o.quantizer, a.input);
   if (calib) o.calibration = calib->view();
+  o.damp = damp_of(a, o.quantizer, calib.has_value(), a.input);
   o.overrides = {a.embedding_tensor, a.head_tensor};
   ProgressBar bar(progress && !a.json && ProgressBar::stderr_is_tty());
   o.progress = [&](const ModelWriteProgress& p) {
@@ -155,6 +172,7 @@ nlohmann::json quantize_model_dir(const QuantizeArgs& a, bool progress) {
   return {{"input", r.input_dir},
           {"output", r.output_dir},
           {"quantizer", quantizer_name(o.quantizer)},
+          {"damp", calib ? nlohmann::json(o.damp) : nlohmann::json()},
           {"architecture", r.architecture},
           {"vocab", r.vocab},
           {"hidden", r.hidden},
@@ -205,6 +223,7 @@ nlohmann::json quantize_file(const QuantizeArgs& a) {
   qo.name = a.input + ": " + a.tensor;
   const std::optional<Tensor> calib = load_calibration(a.calibration, qo.quantizer, qo.name);
   if (calib) qo.calibration = calib->view();
+  qo.damp = damp_of(a, qo.quantizer, calib.has_value(), qo.name);
   const auto t0 = std::chrono::steady_clock::now();
   const PackedTable q = quantize(w.view(), scheme, qo);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -235,6 +254,7 @@ nlohmann::json quantize_file(const QuantizeArgs& a) {
           {"prefix", prefix},
           {"scheme", scheme.name()},
           {"quantizer", quantizer_name(qo.quantizer)},
+          {"damp", calib ? nlohmann::json(qo.damp) : nlohmann::json()},
           {"scale_dtype", dtype_name(scheme.scale_dtype)},
           {"input_dtype", dtype_name(w.dtype())},
           {"vocab", q.vocab},

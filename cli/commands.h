@@ -40,6 +40,7 @@ struct QuantizeArgs {
   bool json = false;
   std::string quantizer = "rtn";  // rtn | mse | gptq | gptq-mse
   std::string calibration = "";   // FILE[:TENSOR], [N, H] activations (required by gptq)
+  std::optional<double> damp = std::nullopt;  // GPTQ damping (default: QuantizeOptions's)
   // Model-directory mode.
   std::optional<std::string> embedding = std::nullopt;  // scheme for the embedding
   std::optional<std::string> head = std::nullopt;       // scheme for the head

@@ -109,6 +109,9 @@ int run(int argc, char** argv) {
   quantize->add_option("--calibration", qa.calibration,
                        "STATES.safetensors[:TENSOR]: the head's inputs [N, H] (default tensor 'hidden', as qhead "
                        "agree's states files hold them; else the file's only 2-D tensor); required by gptq");
+  quantize->add_option("--damp", qa.damp,
+                       "with --calibration: GPTQ's damping, a fraction of mean(diag X^T X / N) added to the "
+                       "diagonal (also the weighted MSE search's floor; default 0.1)");
   quantize->add_option("--threads", qa.threads, "worker threads (default 0: all cores)")->check(kThreads);
   quantize->add_flag("--json", qa.json, "machine-readable output (no progress bars)");
 

@@ -139,6 +139,7 @@ struct ModelWriteOptions {
   // gptq-mse: mse), never weighted by the calibration (the head's inputs).
   Quantizer quantizer = Quantizer::kRtn;
   std::optional<TensorView> calibration;
+  double damp = QuantizeOptions{}.damp;  // GPTQ damping / the weighted MSE search's floor
   ModelOverrides overrides; // explicit role tensor names
   std::function<void(const ModelWriteProgress&)> progress;  // optional
 };

@@ -34,6 +34,7 @@ Importing this module registers the quantizer with transformers.
 from __future__ import annotations
 
 import copy
+import math
 import os
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -88,6 +89,8 @@ class QHeadConfig(QuantizationConfigMixin):
     calibration: the head's inputs, [N, H]: a safetensors path (its tensor ``hidden``, as
         ``qhead agree --states`` files hold them, else its only 2-D tensor; ``PATH:TENSOR`` names
         one) or, to ``quantize_model``, a tensor (then not kept in the config).
+    damp: GPTQ's damping, a fraction of mean(diag XᵀX/N) (also the weighted MSE search's floor);
+        None: qhead.quantize's default (0.1). Only with a quantizer that reads ``calibration``.
     untie: for a tied model, two tables instead of one: the head with ``head``'s scheme and
         quantizer, the embedding with ``embedding``'s scheme (None: the dense Parameter stays,
         as a plain nn.Embedding that the rescoring head reads its rows from). The model's
@@ -105,7 +108,7 @@ class QHeadConfig(QuantizationConfigMixin):
                  dense_rows: Optional[str] = "cpu", scale_dtype: Optional[str] = None,
                  tied: Optional[bool] = None, threads: int = 0, exact_embedding: Optional[bool] = None,
                  quantizer: str = "rtn", calibration: Optional[str] = None, untie: bool = False,
-                 **kwargs: Any):
+                 damp: Optional[float] = None, **kwargs: Any):
         self.quant_method = QUANT_METHOD
         self.head = head
         self.embedding = embedding
@@ -118,6 +121,7 @@ class QHeadConfig(QuantizationConfigMixin):
         self.quantizer = quantizer
         self.calibration = None if calibration is None else os.fspath(calibration)
         self.untie = bool(untie)
+        self.damp = damp
         # Keys a later version may add are kept (and saved back) rather than dropped.
         for k, v in kwargs.items():
             if k != "quant_method":
@@ -150,6 +154,14 @@ class QHeadConfig(QuantizationConfigMixin):
                 f"QHeadConfig: quantizer must be one of {', '.join(_QUANTIZERS)}, got {self.quantizer!r}")
         if self.untie and self.head is None:
             raise qhead.InvalidArgumentError("QHeadConfig: untie = True needs a head scheme (head is None)")
+        if self.damp is not None:
+            if isinstance(self.damp, bool) or not isinstance(self.damp, (int, float)) or not math.isfinite(self.damp) \
+                    or self.damp < 0:
+                raise qhead.InvalidArgumentError(f"QHeadConfig: damp must be a finite number >= 0, got {self.damp!r}")
+            if self.quantizer == "rtn":
+                raise qhead.InvalidArgumentError(
+                    "QHeadConfig: damp applies to a quantizer that reads calibration (mse, gptq, gptq-mse); "
+                    "quantizer is 'rtn'")
 
     def to_dict(self) -> Dict[str, Any]:
         d = dict(self.__dict__)
@@ -276,7 +288,8 @@ def _calibration(spec: Any, quantizer: str, hidden: int, op: str) -> Optional[to
 def _quantize_role(weight: torch.Tensor, scheme: str, config: "QHeadConfig", quantizer: str,
                    calibration: Optional[torch.Tensor]) -> QuantTable:
     return QuantTable.from_dense(weight.detach(), scheme, scale_dtype=_scale_dtype(weight, config.scale_dtype),
-                                 threads=config.threads, quantizer=quantizer, calibration=calibration)
+                                 threads=config.threads, quantizer=quantizer, calibration=calibration,
+                                 damp=config.damp if calibration is not None else None)
 
 
 def _set_untied(model: PreTrainedModel) -> None:
@@ -424,7 +437,7 @@ def _quantize_loaded(model: PreTrainedModel, config: QHeadConfig, op: str,
 def quantize_model(model: PreTrainedModel, head: Optional[str] = "w4g64", embedding: Optional[str] = None,
                    rescore: int = 0, dense_rows: Optional[str] = "cpu", *, scale_dtype: Optional[str] = None,
                    threads: int = 0, quantizer: str = "rtn", calibration: Any = None,
-                   untie: bool = False) -> PreTrainedModel:
+                   untie: bool = False, damp: Optional[float] = None) -> PreTrainedModel:
     """Replaces the model's token tables by qhead modules, in place; returns the model.
 
     head / embedding: scheme names or None (keep dense). A tied model (one Parameter for both
@@ -440,7 +453,8 @@ def quantize_model(model: PreTrainedModel, head: Optional[str] = "w4g64", embedd
     tied table); ``calibration`` the head's inputs [N, H] (a tensor, or a safetensors path as
     QHeadConfig takes it), required by the GPTQ quantizers. ``untie=True`` gives a tied model two
     tables (QHeadConfig.untie): the head with ``head``'s scheme and quantizer, the embedding with
-    ``embedding``'s (None: it keeps the dense Parameter).
+    ``embedding``'s (None: it keeps the dense Parameter). ``damp``: GPTQ's damping
+    (QHeadConfig.damp).
 
     Raises qhead.InvalidArgumentError for a bad scheme or quantizer name, missing or misshapen
     calibration, a model without an output embedding or one already quantized;
@@ -450,7 +464,7 @@ def quantize_model(model: PreTrainedModel, head: Optional[str] = "w4g64", embedd
     path = None if calibration is None or isinstance(calibration, torch.Tensor) else calibration
     config = QHeadConfig(head=head, embedding=embedding, rescore=rescore, dense_rows=dense_rows,
                          scale_dtype=scale_dtype, threads=threads, quantizer=quantizer, calibration=path,
-                         untie=untie)
+                         untie=untie, damp=damp)
     return _quantize_loaded(model, config, "quantize_model",
                             calibration=calibration if isinstance(calibration, torch.Tensor) else None)
 

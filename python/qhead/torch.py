@@ -514,12 +514,12 @@ class QuantTable(nn.Module):
 
     @classmethod
     def from_dense(cls, weight: Tensor, scheme: str = "w4g64", *, scale_dtype: Union[str, torch.dtype] = "f16",
-                   threads: int = 0, quantizer: str = "rtn", calibration: Optional[Tensor] = None
-                   ) -> "QuantTable":
+                   threads: int = 0, quantizer: str = "rtn", calibration: Optional[Tensor] = None,
+                   damp: Optional[float] = None) -> "QuantTable":
         """Quantizes a dense [V, H] weight (f32/f16/bf16) with qhead.quantize (``quantizer``: rtn,
         mse, gptq, gptq-mse; ``calibration``: the head's inputs [N, H], required by the GPTQ ones,
-        per-column weights for mse); the table lands on the weight's device. dtype is the
-        weight's dtype."""
+        per-column weights for mse; ``damp``: GPTQ's damping, None for qhead.quantize's default);
+        the table lands on the weight's device. dtype is the weight's dtype."""
         if not isinstance(weight, Tensor):
             raise qhead.InvalidArgumentError(f"QuantTable.from_dense: weight must be a torch.Tensor, got {type(weight).__name__}")
         sd = _scale_dtype_name(_torch_dtype(scale_dtype, "scale_dtype"))
@@ -530,7 +530,8 @@ class QuantTable(nn.Module):
                 raise qhead.InvalidArgumentError(
                     f"QuantTable.from_dense: calibration must be a torch.Tensor [N, H], got {type(calibration).__name__}")
             c = calibration.detach().to("cpu").contiguous()
-        t = qhead.quantize(w, scheme, scale_dtype=sd, threads=threads, quantizer=quantizer, calibration=c)
+        extra = {} if damp is None else {"damp": float(damp)}
+        t = qhead.quantize(w, scheme, scale_dtype=sd, threads=threads, quantizer=quantizer, calibration=c, **extra)
         qt = cls.from_table(t, dtype=weight.dtype if weight.dtype in _FLOAT_DTYPES else torch.float32)
         return qt.to(weight.device) if weight.device.type != "cpu" else qt
 

@@ -539,6 +539,36 @@ def test_quantize_model_quantizer(tmp_path, quantizer):
     assert torch.equal(torch.from_numpy(m.lm_head.table.table().dequantize()), deq_want)
 
 
+def test_quantize_model_damp(tmp_path):
+    """damp= reaches qhead.quantize (the table is its table at that damping, not the default's),
+    is kept in the saved config and read back by from_pretrained; bad values are refused."""
+    dense = _tiny("llama", True)
+    x = _calibration(dense)
+    w = dense.lm_head.weight.detach().clone()
+    q = qh.quantize_model(copy.deepcopy(dense), head="w4g64", quantizer="gptq-mse", calibration=x, damp=0.5)
+    got = torch.from_numpy(q.lm_head.table.table().dequantize())
+    want = qhead.quantize(w, "w4g64", scale_dtype="f32", quantizer="gptq-mse", calibration=x, damp=0.5)
+    default = qhead.quantize(w, "w4g64", scale_dtype="f32", quantizer="gptq-mse", calibration=x)
+    assert torch.equal(got, torch.from_numpy(want.dequantize()))
+    assert not torch.equal(got, torch.from_numpy(default.dequantize()))
+    assert q.config.quantization_config.damp == 0.5
+    from safetensors.torch import save_file
+
+    path = str(tmp_path / "states.safetensors")
+    save_file({"hidden": x}, path)
+    dense.save_pretrained(tmp_path / "dense")
+    m = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "dense",
+        quantization_config=qh.QHeadConfig(head="w4g64", quantizer="gptq-mse", calibration=path, damp=0.5))
+    assert torch.equal(torch.from_numpy(m.lm_head.table.table().dequantize()), got)
+    for bad, msg in ((-0.1, "finite number >= 0"), (float("nan"), "finite number >= 0"), ("0.1", "finite number"),
+                     (True, "finite number")):
+        with pytest.raises(qhead.InvalidArgumentError, match=msg):
+            qh.QHeadConfig(head="w4g64", quantizer="gptq", damp=bad)
+    with pytest.raises(qhead.InvalidArgumentError, match="reads calibration"):
+        qh.quantize_model(copy.deepcopy(dense), head="w4g64", damp=0.2)
+
+
 def test_untie_quantized_pair(tmp_path):
     dense = _tiny("llama", True)
     x = _calibration(dense)

@@ -128,6 +128,50 @@ def test_compressed_tensors_reads_every_quantizer(tmp_path, q, scheme, dtype):
     assert torch.equal(dec, mine.to(dec.dtype)), (ct.__version__, q, scheme)
 
 
+def test_cli_damp(tmp_path):
+    """`qhead quantize --damp` writes what qhead.quantize(damp=...) makes, a different table from the
+    default damping's, says the damping in its JSON, and refuses it where nothing reads calibration
+    and for a negative or non-finite value."""
+    import json
+    import subprocess
+
+    from safetensors.torch import save_file
+
+    cli = _cli()
+    if cli is None:
+        pytest.skip("the qhead CLI is not built (build/qhead, or set QHEAD_CLI)")
+    w, x = _table(37, 128, 12, torch.float32), _acts(200, 128, 13)
+    src, cal = tmp_path / "in.safetensors", tmp_path / "states.safetensors"
+    save_file({"lm_head.weight": w}, str(src))
+    save_file({"hidden": x}, str(cal))
+
+    def run(out, *extra):
+        cmd = [cli, "quantize", str(src), "--tensor", "lm_head.weight", "--scheme", "w4g32", "--json",
+               "-o", str(tmp_path / out), *extra]
+        return subprocess.run(cmd, capture_output=True, text=True)
+
+    got = {}
+    for d in (None, 0.5):
+        r = run(f"out{d}.safetensors", "--quantizer", "gptq-mse", "--calibration", str(cal),
+                *([] if d is None else ["--damp", str(d)]))
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["damp"] == pytest.approx(0.1 if d is None else d)
+        got[d] = qhead.load_packed(str(tmp_path / f"out{d}.safetensors"), "lm_head").dequantize()
+        want = qhead.quantize(w, "w4g32", scale_dtype="f32", quantizer="gptq-mse", calibration=x,
+                              **({} if d is None else {"damp": d})).dequantize()
+        assert (got[d] == want).all(), d
+    assert (got[None] != got[0.5]).any()
+    r = run("rtn.safetensors")
+    assert r.returncode == 0 and json.loads(r.stdout)["damp"] is None, r.stderr
+    for extra, msg in ((["--damp", "0.2"], "--damp applies to a quantizer that reads --calibration"),
+                       (["--quantizer", "mse", "--damp", "0.2"], "without --calibration"),
+                       (["--quantizer", "gptq", "--calibration", str(cal), "--damp", "-1"], "finite and >= 0"),
+                       (["--quantizer", "gptq", "--calibration", str(cal), "--damp", "nan"], "finite and >= 0")):
+        r = run("bad.safetensors", *extra)
+        assert r.returncode != 0 and msg in r.stdout + r.stderr, (extra, r.stdout, r.stderr)  # --json: on stdout
+        assert not (tmp_path / "bad.safetensors").exists()
+
+
 # ---- real states: the best calibrated quantizer agrees at least as often as RTN ----------------
 
 

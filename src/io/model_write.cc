@@ -875,7 +875,6 @@ void quantize_jobs(WritePlan& p, const ModelWriteOptions& o) {
     QuantizeOptions qo;
     qo.quantizer = o.quantizer;
     // An untied embedding has no activations to calibrate on: the GPTQ
-    // quantizers become what they are with an identity Hessian.
     // quantizers become what they are with an identity Hessian, and the MSE
     // search is not weighted by the head's inputs.
     const bool own_embedding = j.role == &p.info.embedding && !p.tied_out;
@@ -885,6 +884,7 @@ void quantize_jobs(WritePlan& p, const ModelWriteOptions& o) {
     qo.threads = o.threads;
     qo.name = name;
     qo.progress = tick;
+    qo.damp = o.damp;
     if (qo.quantizer != Quantizer::kRtn && !own_embedding) qo.calibration = o.calibration;
     if (j.table->is_packed()) {
       const Tensor dense = j.table->to_dense_f32();  // the values it holds now, exactly
