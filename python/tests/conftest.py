@@ -17,6 +17,19 @@ def fixtures_dir():
     return FIXTURES
 
 
+@pytest.fixture
+def keep_threads():
+    """torch's and qhead's CPU thread counts restored after the test (for code that sets them)."""
+    import torch
+
+    import qhead
+
+    saved = (torch.get_num_threads(), qhead.num_threads())
+    yield
+    torch.set_num_threads(saved[0])
+    qhead.set_num_threads(saved[1])
+
+
 def cuda_available():
     """True when torch sees a GPU and qhead was built with CUDA."""
     try:

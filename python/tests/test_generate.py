@@ -119,19 +119,12 @@ def _tiny_model_dir(path):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
-def test_tiny_model_command(device, tmp_path, capsys):
+def test_tiny_model_command(device, tmp_path, capsys, keep_threads):
     d = _tiny_model_dir(tmp_path / "tiny")
     out = tmp_path / "out.json"
     argv = ["--model", d, "--head", "w8", "--rescore", "8", "--prompt", "w1 w2 w3", "--prompt", "w7",
             "--new-tokens", "4", "--device", device, "--threads", "1", "--json", str(out)]
-    import torch
-
-    threads = (torch.get_num_threads(), qhead.num_threads())
-    try:
-        assert qg.main(argv) == 0
-    finally:
-        torch.set_num_threads(threads[0])
-        qhead.set_num_threads(threads[1])
+    assert qg.main(argv) == 0
     text = capsys.readouterr().out
     r = json.loads(out.read_text())
     assert text.strip() == qg.format_report(r).strip()
@@ -148,7 +141,7 @@ def test_tiny_model_command(device, tmp_path, capsys):
     assert r["quantized"]["roles"]["head"].startswith("w8 + rescore 8")
 
 
-def test_tiny_model_gptq_untied(tmp_path, capsys):
+def test_tiny_model_gptq_untied(tmp_path, capsys, keep_threads):
     """--quantizer gptq-mse --calibration FILE --untie --embedding w8: the head GPTQ-quantized on the
     file's states, the embedding its own w8 table, both in the record."""
     import torch
@@ -162,12 +155,7 @@ def test_tiny_model_gptq_untied(tmp_path, capsys):
     argv = ["--model", d, "--head", "w4g64", "--embedding", "w8", "--untie", "--quantizer", "gptq-mse",
             "--calibration", str(calib), "--prompt", "w1 w2 w3", "--new-tokens", "3", "--threads", "1",
             "--json", str(out)]
-    threads = (torch.get_num_threads(), qhead.num_threads())
-    try:
-        assert qg.main(argv) == 0
-    finally:
-        torch.set_num_threads(threads[0])
-        qhead.set_num_threads(threads[1])
+    assert qg.main(argv) == 0
     capsys.readouterr()
     r = json.loads(out.read_text())
     assert r["quantizer"] == "gptq-mse" and r["calibration"] == "states.safetensors" and r["untie"] is True
@@ -181,7 +169,7 @@ def test_tiny_model_gptq_untied(tmp_path, capsys):
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n"]
 
 
-def test_smollm2_w8_rescore_identical(monkeypatch):
+def test_smollm2_w8_rescore_identical(monkeypatch, keep_threads):
     from qhead import models as qm
 
     why = qm.unavailable(qm.resolve("smollm2"))
@@ -203,12 +191,7 @@ def test_smollm2_w8_rescore_identical(monkeypatch):
         return said[-1]
 
     monkeypatch.setattr(qh, "token_table_bytes", spy)
-    threads = (torch.get_num_threads(), qhead.num_threads())
-    try:
-        r = qg.run("smollm2", head="w8", rescore=8, prompts=PROMPTS, new_tokens=8, threads=1)
-    finally:
-        torch.set_num_threads(threads[0])
-        qhead.set_num_threads(threads[1])
+    r = qg.run("smollm2", head="w8", rescore=8, prompts=PROMPTS, new_tokens=8, threads=1)
     print("\n" + qg.format_report(r))
     for key in ("qhead_version", "torch_version", "transformers_version", "model", "device", "threads", "command",
                 "date", "prompts", "identical", "dense", "quantized", "head", "rescore", "new_tokens"):
