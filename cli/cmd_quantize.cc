@@ -15,7 +15,6 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <system_error>
@@ -54,7 +53,8 @@ bool looks_gguf(const std::string& path) {
 }
 
 // --damp: only where calibration is read (the GPTQ quantizers, mse with
-// --calibration); finite and >= 0. Without it, QuantizeOptions's default.
+// --calibration; qhead::quantize checks its value). Without it,
+// QuantizeOptions's default.
 double damp_of(const QuantizeArgs& a, Quantizer q, bool calibrated, const std::string& what) {
   if (!a.damp) return QuantizeOptions{}.damp;
   if (!calibrated || q == Quantizer::kRtn)
@@ -62,9 +62,6 @@ double damp_of(const QuantizeArgs& a, Quantizer q, bool calibrated, const std::s
                 what + ": --damp applies to a quantizer that reads --calibration (gptq, gptq-mse, or mse with "
                        "--calibration); --quantizer is " + quantizer_name(q) +
                        (calibrated ? "" : " without --calibration"));
-  if (!std::isfinite(*a.damp) || *a.damp < 0.0)
-    throw Error(ErrorCode::kInvalidArgument, "quantize",
-                what + ": --damp must be finite and >= 0, got " + std::to_string(*a.damp));
   return *a.damp;
 }
 

@@ -402,10 +402,15 @@ TEST(Quantizers, ArgumentErrorsNameTheOpAndTensor) {
   }
   {
     const Tensor x = activations(16, 64, 56);
+    for (Quantizer q : {Quantizer::kGptq, Quantizer::kGptqMse, Quantizer::kMse}) {  // kMse: weighted by x
+      for (double d : {-1.0, std::nan("")}) {
+        QuantizeOptions bad = opts(q, &x);
+        bad.damp = d;
+        const std::string m = expect_error([&] { qhead::quantize(w.view(), s, bad); }, ErrorCode::kInvalidArgument);
+        EXPECT_NE(m.find("damp must be finite and >= 0"), std::string::npos) << m;
+      }
+    }
     QuantizeOptions o = opts(Quantizer::kGptq, &x);
-    o.damp = -1.0;
-    expect_error([&] { qhead::quantize(w.view(), s, o); }, ErrorCode::kInvalidArgument);
-    o.damp = 0.01;
     o.block = 0;
     expect_error([&] { qhead::quantize(w.view(), s, o); }, ErrorCode::kInvalidArgument);
   }

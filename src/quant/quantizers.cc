@@ -360,6 +360,12 @@ Calib calibration_stats(const TensorView& x, int64_t h, bool gram, const char* o
   return c;
 }
 
+// QuantizeOptions::damp where calibration is read: finite and >= 0.
+void check_damp(const QuantizeOptions& o, const char* op) {
+  if (!(o.damp >= 0.0) || !std::isfinite(o.damp))
+    throw Error(ErrorCode::kInvalidArgument, op, o.name + ": damp must be finite and >= 0, got " + std::to_string(o.damp));
+}
+
 // Column weights for the MSE objective: mean square + damp · its mean (so no
 // column is ignored outright).
 std::vector<float> column_weights(const std::vector<double>& diag, double damp) {
@@ -376,6 +382,7 @@ PackedTable quantize_mse(const TensorView& dense, const QuantScheme& scheme, con
   quant::check_table(dense, scheme, op, o.name);
   const int64_t v = dense.size(0), h = dense.size(1);
   std::vector<float> wcol;
+  if (o.calibration) check_damp(o, op);
   if (o.calibration) wcol = column_weights(calibration_stats(*o.calibration, h, false, op, o.name, o.threads).diag,
                                            o.damp);
   const DType xt = dense.dtype, st = scheme.scale_dtype;
@@ -568,8 +575,7 @@ PackedTable quantize_gptq(const TensorView& dense, const QuantScheme& scheme, co
     throw Error(ErrorCode::kInvalidArgument, op,
                 o.name + ": GPTQ needs calibration activations ([N, " + std::to_string(h) +
                     "] inputs of the head, e.g. decode states)");
-  if (!(o.damp >= 0.0) || !std::isfinite(o.damp))
-    throw Error(ErrorCode::kInvalidArgument, op, o.name + ": damp must be finite and >= 0, got " + std::to_string(o.damp));
+  check_damp(o, op);
   if (o.block < 1) throw Error(ErrorCode::kInvalidArgument, op, o.name + ": block must be >= 1, got " + std::to_string(o.block));
   Calib c = calibration_stats(*o.calibration, h, true, op, o.name, o.threads);
   std::vector<float> wdiag;  // the MSE search's weights: diag of the damped Hessian
