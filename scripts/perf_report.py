@@ -247,12 +247,13 @@ def table_cuda(benches: list[dict]) -> list[str]:
             fmt_ratio(ratio(dense, fu)),
             fmt_us(None if fused is None else fused.get("host_us")),
             fmt_us(ix.us(c, "logits_then_topk")), fmt_us(ix.us(c, "fused_topk")),
+            fmt_us(ix.us(c, "auto_topk")), fmt_frac(ratio(ix.us(c, "auto_topk"), fu)),
             str(i),
         ])
     header = ["shape", "scheme", "act", "M", "read ceiling µs", "cuBLAS dense µs", "fallback µs", "fused µs",
               "fused / read ceiling", "fused vs cuBLAS", "fused host µs", "logits + selection µs",
-              "fused top-k µs", "run"]
-    align = ["l", "l", "l"] + ["r"] * 11
+              "fused top-k µs", "default top-k µs", "default top-k / fused", "run"]
+    align = ["l", "l", "l"] + ["r"] * 13
     return table(header, align, rows) + [""] + runs_list(benches)
 
 

@@ -44,7 +44,7 @@ TEST(KernelPlan, NamesRoundTrip) {
   for (LogitsKernel k : {LogitsKernel::kGemvRegRing, LogitsKernel::kGemvStaged, LogitsKernel::kGemmMmaSync,
                          LogitsKernel::kGemmWgmma, LogitsKernel::kGemmWgmmaWs, LogitsKernel::kCublasFallback})
     EXPECT_EQ(parse_logits_kernel(logits_kernel_name(k), "test"), k);
-  for (TopkPath t : {TopkPath::kPoolEpilogue, TopkPath::kLists, TopkPath::kLogitsThenSelect})
+  for (TopkPath t : {TopkPath::kPoolEpilogue, TopkPath::kLists, TopkPath::kLogitsThenSelect, TopkPath::kTileSelect})
     EXPECT_EQ(parse_topk_path(topk_path_name(t), "test"), t);
 }
 
@@ -216,12 +216,42 @@ TopkPlan topk_plan(const LogitsProblem& p, int64_t k, Backend b, const LogitsOve
 }
 
 TEST(KernelPlan, TopkPaths) {
+  // kAuto at M = 16: the staged GEMV with its tile summaries, one select block per row; its
+  // shared memory holds the 9496 tile maxima and 8192 candidate entries.
+  const TopkPlan a16 = topk_plan(problem(4, 64, 151936, 1024, 16), 50, Backend::kAuto);
+  ASSERT_EQ(a16.path, TopkPath::kTileSelect) << a16.describe();
+  EXPECT_EQ(a16.main.kernel, LogitsKernel::kGemvStaged);
+  EXPECT_EQ(a16.main.epilogue, LogitsEpilogue::kStoreTiles);
+  EXPECT_EQ(a16.tile_rows, 16);
+  EXPECT_EQ(a16.tile_smem, 9496 * 4 + kTileThreads * kTileHotPer * 8);
+  EXPECT_NE(a16.describe().find("+tile_summaries"), std::string::npos) << a16.describe();
+  // ... from M = 8; M = 17 (no staged GEMV) and M <= 7 take logits, then selection.
+  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 8), 50, Backend::kAuto).path, TopkPath::kTileSelect);
+  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 7), 50, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
+  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 17), 50, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
+  // Not above the epilogues' k, nor where the tile maxima outgrow the block's shared memory.
+  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 16), 257, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
+  EXPECT_EQ(topk_plan(problem(4, 64, 262144, 2560, 16), 50, Backend::kAuto).path, TopkPath::kTileSelect);
+  EXPECT_EQ(topk_plan(problem(4, 64, 4000000, 1024, 16), 50, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
   // kAuto at M = 1: logits, then first-level blocks of quarter slices (75 on a 151936 vocab).
   const TopkPlan a1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kAuto);
   EXPECT_EQ(a1.path, TopkPath::kLogitsThenSelect) << a1.describe();
-  EXPECT_EQ(a1.main.kernel, LogitsKernel::kGemvStaged);
+  EXPECT_EQ(a1.main.epilogue, LogitsEpilogue::kStore);
   EXPECT_TRUE(a1.select_small);
   EXPECT_EQ(a1.select_blocks, 75);
+  // Tile select, forced at M = 1.
+  LogitsOverrides tile;
+  tile.topk_path = TopkPath::kTileSelect;
+  const TopkPlan t1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kAuto, tile);
+  EXPECT_EQ(t1.path, TopkPath::kTileSelect) << t1.describe();
+  EXPECT_EQ(t1.main.epilogue, LogitsEpilogue::kStoreTiles);
+  // Tile select needs the staged GEMV: refused, with a note, when another logits kernel is forced.
+  LogitsOverrides ring;
+  ring.topk_path = TopkPath::kTileSelect;
+  ring.kernel = LogitsKernel::kGemvRegRing;
+  const TopkPlan r1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kAuto, ring);
+  EXPECT_EQ(r1.path, TopkPath::kLogitsThenSelect) << r1.describe();
+  EXPECT_NE(r1.note.find("tile_select was forced"), std::string::npos) << r1.note;
   // kFused at M <= 8: the staged GEMV's pool epilogue, pools sized for the grid.
   const TopkPlan f1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kFused);
   ASSERT_EQ(f1.path, TopkPath::kPoolEpilogue) << f1.describe();
@@ -263,6 +293,7 @@ TEST(KernelPlan, TopkPaths) {
   // The pool epilogue takes only 128-byte stages: 4-bit H = 640 rows (320 bytes) take 64-byte ones.
   EXPECT_EQ(pick(problem(4, 64, 262144, 640, 1)).stage_bytes, 64);
   EXPECT_EQ(topk_plan(problem(4, 64, 262144, 640, 1), 50, Backend::kFused).path, TopkPath::kLogitsThenSelect);
+  EXPECT_EQ(topk_plan(problem(4, 64, 262144, 640, 12), 50, Backend::kFused).path, TopkPath::kTileSelect);
 }
 
 }  // namespace

@@ -60,6 +60,10 @@ struct LogitsArgs {
   // The table rows the kernel may read: every bound on the table's arrays (codes, scales, zero points)
   // takes this, not V.
   __host__ __device__ int64_t table_rows() const { return V * tile_stride; }
+  // Tile summaries (staged GEMV, kStoreTiles): beside the logits, each warp tile's (max, Σ exp(l − max))
+  // of column m → tile_part[m · tile_ld + tile], tile = its first row / (16·RT). nullptr: none.
+  float2* tile_part = nullptr;
+  int64_t tile_ld = 0;
   int st_spg = 1;               // staged / GEMM kernel, groups longer than a stage: stages per group
                                 // (the launcher sets it from LogitsPlan::stages_per_group)
 };

@@ -7,6 +7,14 @@
 
 namespace qhead::cuda_detail {
 
+// 2^x by the special-function unit (ex2.approx.ftz: relative error ~2^-22; the list and
+// tile-summary epilogues' exps).
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // ---- tile epilogues (shared by the kernels below) ----------------------------------
 //
 // A finished tile: acc[r][n] is the m16n8 C fragment of rows
@@ -72,6 +80,45 @@ __device__ __forceinline__ void store_tile(const LogitsArgs& a, const float (&ac
       }
     }
   }
+}
+
+// A finished tile's summary per activation column (kStoreTiles): the max of
+// its rows' logits and Σ exp(l − max), for the tile-select block
+// (src/ops/cuda/topk_select.cu) that finds the tiles a top-k entry can lie
+// in. Rows g, g + 8 of each 16-row tile sit in lanes 4g .. 4g + 3: three
+// xor-shuffles over g combine a column. exp by ex2.approx of (l − max)·log2 e:
+// near the max, where the terms matter, l − max is exact and the product's
+// rounding is an ulp of a small number.
+template <int RT, int NT>
+__device__ __forceinline__ void store_tile_summary(const LogitsArgs& a, const float (&acc)[RT][NT][4], int64_t row0,
+                                                   int g, int t) {
+  const bool whole = row0 + RT * 16 <= a.V;
+  const int64_t tile = row0 / (RT * 16);
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          if (whole || row0 + r * 16 + h * 8 + g < a.V) mx = fmaxf(mx, acc[r][n][e + 2 * h]);
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      float s = 0.0f;
+      if (mx != -INFINITY) {
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            if (whole || row0 + r * 16 + h * 8 + g < a.V) s += ex2_ftz((acc[r][n][e + 2 * h] - mx) * 1.4426950408889634f);
+      }
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+      const int m = n * 8 + 2 * t + e;
+      if (g == 0 && m < a.M) a.tile_part[int64_t(m) * a.tile_ld + tile] = make_float2(mx, s);
+    }
 }
 
 // Fused top-k epilogue (staged kernel, M <= 8). Each CTA appends every logit

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "args.cuh"
+#include "epilogue.cuh"
 
 namespace qhead::cuda_detail {
 
@@ -43,11 +44,6 @@ __host__ __device__ __forceinline__ float list_margin(float v) { return v - (fab
 // (ncu, docs/tuning-notes.md "The list top-k": with a compare, select and accurate exp2f per
 // logit the epilogue took ~1270 instructions per warp and unit, +40 % on the
 // kernel.)
-__device__ __forceinline__ float ex2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 template <int NT>
 __device__ __forceinline__ void topk_lists_tile(const LogitsArgs& a, const float (&acc)[NT][4], int64_t r0, int m0,
                                                 int seg, int lane, const float* thr_s, uint32_t* cnt, float* sum) {

@@ -341,7 +341,10 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
       }
       if (++cst == nst) {  // the tile is done
         if constexpr (TOPK) tk.append(a, acc, ct * ROWS, g, t);
-        else store_tile<RT, NT>(a, acc, ct * ROWS, 0, g, t);
+        else {
+          store_tile<RT, NT>(a, acc, ct * ROWS, 0, g, t);
+          if (a.tile_part) store_tile_summary<RT, NT>(a, acc, ct * ROWS, g, t);
+        }
         zero(acc);
         cst = 0;
         cb ^= 1;

@@ -51,6 +51,13 @@ QHEAD_HD constexpr int topk_finish_scratch(int ncols, int warps, int gather) {
   return ncols * (gather * 8 + 8 + warps * 8 + 256 * 4 + 4 + 4) + 4;
 }
 
+// Dynamic shared memory of the tile-select block (src/ops/cuda/topk_select.cu) for V rows in
+// tiles of `tile_rows`: every tile's max (f32, padded to 16 bytes), then `hot_cap` entries of
+// the candidate tiles' logits (8 bytes each).
+QHEAD_HD constexpr int64_t tile_select_smem(int64_t V, int tile_rows, int hot_cap) {
+  return ((V + tile_rows - 1) / tile_rows * 4 + 15) / 16 * 16 + int64_t(hot_cap) * 8;
+}
+
 // ---- GEMMs -----------------------------------------------------------------------------
 constexpr int kGemmStageBytes = 64;  // code bytes per row per stage (mma.sync and wgmma GEMMs)
 constexpr int kGemmMaxCols = 128;    // the widest column tile: the activation workspace pads M to it

@@ -30,6 +30,7 @@ enum class LogitsKernel : uint8_t {
 // What a fused kernel does with its finished tiles.
 enum class LogitsEpilogue : uint8_t {
   kStore,      // the logits to out [M, V]
+  kStoreTiles, // staged GEMV: the logits to out, and each warp tile's (max, Σ exp) per column (tile_select)
   kTopkPools,  // staged GEMV, M <= 8: per-CTA pools in shared memory → each CTA's best k and (max, Σ exp)
   kTopkLists,  // warp-specialized wgmma GEMM: candidate lists above a sampled threshold, sums below it
 };
@@ -39,10 +40,12 @@ enum class TopkPath : uint8_t {
   kPoolEpilogue,      // the staged GEMV with the pool epilogue, then the merge levels
   kLists,             // a threshold sample, the list epilogue, then one merge block per row
   kLogitsThenSelect,  // logits into a workspace, then slice selection and the merge levels
+  kTileSelect,        // the staged GEMV stores the logits and each 16-row tile's (max, Σ exp); one block per
+                      // row selects from the tiles whose max can reach the row's k-th logit
 };
 
 const char* logits_kernel_name(LogitsKernel k);  // "gemv_staged", ...
-const char* topk_path_name(TopkPath p);          // "pool_epilogue", "lists", "logits_then_select"
+const char* topk_path_name(TopkPath p);          // "pool_epilogue", "lists", "logits_then_select", "tile_select"
 
 // One logits call: the table's scheme and the call's shape.
 struct LogitsProblem {
@@ -97,7 +100,7 @@ struct LogitsOverrides {
 
   // From the environment (documented in docs/architecture.md#kernel-plan):
   //   QHEAD_CUDA_LOGITS_KERNEL  gemv_regring | gemv_staged | gemm_mma_sync | gemm_wgmma | gemm_wgmma_ws | cublas
-  //   QHEAD_CUDA_TOPK_PATH      pool_epilogue | lists | logits_then_select
+  //   QHEAD_CUDA_TOPK_PATH      pool_epilogue | lists | logits_then_select | tile_select
   //   QHEAD_CUDA_STAGED_CTA_X   bytes, 0 to 1048576
   // An unset or empty variable is no override; any other value that is not
   // one of those throws Error(kInvalidArgument) naming the variable and the
@@ -155,6 +158,8 @@ struct TopkPlan {
   int64_t sample_stride = 1;         // kLists: tiles between the sample's tiles
   int select_blocks = 0;             // kLogitsThenSelect: first-level selection blocks per row
   bool select_small = false;         // kLogitsThenSelect: those blocks take quarter slices
+  int tile_rows = 0;                 // kTileSelect: rows per tile summary (the staged GEMV's warp tile)
+  int tile_smem = 0;                 // kTileSelect: the selection block's dynamic shared memory
   const char* reason = "";
   std::string note;
 
@@ -170,5 +175,8 @@ constexpr int kTopkGather = 256;         // epilogue candidates per column (>= k
 constexpr int kSelThreads = 256;         // threads per selection block
 constexpr int kSelPer = 32;              // logits per selection thread
 constexpr int64_t kSlice = int64_t(kSelThreads) * kSelPer;  // logits per selection block
+constexpr int kTileThreads = 1024;       // threads of a tile-select block (one per row)
+constexpr int kTileHotPer = 8;           // logits of the candidate tiles per tile-select thread
+constexpr int kTileStaticSmem = 24 * 1024;  // a tile-select block's static shared memory, at most
 
 }  // namespace qhead::cuda_plan

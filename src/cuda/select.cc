@@ -72,6 +72,14 @@ constexpr int64_t kListSampleTiles = kSlice / 128;
 // one ~23 us at 4 per SM; at M = 1 on a 152k vocab kSlice slices would be 19
 // blocks).
 constexpr int kSelSmallPer = kSelPer / 4;
+// Tile select from this many columns: at M = 8 and 16 it beat logits then
+// select on every shape (151936x1024 M = 8 w4g64 52.1 vs 54.5 us, w8g128
+// 71.1 vs 74.0; M = 16 w4g64 72.5 vs 78.4, 262144x2560 w8g128 242.9 vs
+// 256.2), at M = 4 it tied or lost (53.3 vs 51.6) and at M = 1 it lost on
+// every shape (51.7 vs 49.4, 262144x2560 w8g128 208.0 vs 204.3): its one
+// select block (~14.5 us) against the two levels' ~7 + 7 us, whose first
+// level grows with M.
+constexpr int64_t kTileSelectMinM = 8;
 constexpr int kSelSmallWavesBlocks = 16;  // blocks per SM
 
 // Reasons, as the plan prints them.
@@ -303,6 +311,7 @@ const char* topk_path_name(TopkPath p) {
     case TopkPath::kPoolEpilogue: return "pool_epilogue";
     case TopkPath::kLists: return "lists";
     case TopkPath::kLogitsThenSelect: return "logits_then_select";
+    case TopkPath::kTileSelect: return "tile_select";
   }
   return "?";
 }
@@ -317,10 +326,10 @@ LogitsKernel parse_logits_kernel(const std::string& name, const char* what) {
 }
 
 TopkPath parse_topk_path(const std::string& name, const char* what) {
-  for (TopkPath p : {TopkPath::kPoolEpilogue, TopkPath::kLists, TopkPath::kLogitsThenSelect})
+  for (TopkPath p : {TopkPath::kPoolEpilogue, TopkPath::kLists, TopkPath::kLogitsThenSelect, TopkPath::kTileSelect})
     if (name == topk_path_name(p)) return p;
   throw Error(ErrorCode::kInvalidArgument, what,
-              "'" + name + "' is not a top-k path; one of pool_epilogue, lists, logits_then_select");
+              "'" + name + "' is not a top-k path; one of pool_epilogue, lists, logits_then_select, tile_select");
 }
 
 std::string LogitsProblem::describe() const {
@@ -347,6 +356,7 @@ std::string LogitsPlan::describe() const {
   if (x_prebuilt) s += " x_prebuilt";
   if (epilogue == LogitsEpilogue::kTopkPools)
     s += " +pools(cols=" + std::to_string(pool_cols) + " cap=" + std::to_string(pool_cap) + " grid=" + std::to_string(grid) + ")";
+  if (epilogue == LogitsEpilogue::kStoreTiles) s += " +tile_summaries";
   if (epilogue == LogitsEpilogue::kTopkLists)
     s += " +lists(segs=" + std::to_string(list_segments) + " cap=" + std::to_string(list_seg_cap) + " grid=" + std::to_string(grid) + ")";
   if (*reason) s += std::string(" (") + reason + ")";
@@ -359,6 +369,9 @@ std::string TopkPlan::describe() const {
   if (sample) s += "; sample " + std::to_string(sample_rows) + " rows: " + sample->describe();
   if (path == TopkPath::kLogitsThenSelect)
     s += "; select " + std::to_string(select_blocks) + (select_small ? " quarter-slice" : "") + " blocks per row";
+  if (path == TopkPath::kTileSelect)
+    s += "; one select block per row over " + std::to_string(tile_rows) + "-row tiles (" + std::to_string(tile_smem) +
+         " B shared)";
   if (*reason) s += std::string(" (") + reason + ")";
   if (!note.empty()) s += " [" + note + "]";
   return s;
@@ -509,6 +522,26 @@ TopkPlan logits_then_select(const LogitsProblem& p, int64_t k, const DeviceInfo&
   return t;
 }
 
+// kTileSelect: the staged GEMV (the default logits kernel here) with the tile
+// summaries, and a select block whose tile maxima fit its shared memory.
+std::optional<TopkPlan> tile_select(const LogitsProblem& p, int64_t k, const DeviceInfo& d, const LogitsOverrides& ov,
+                                    Backend backend, const char* why) {
+  if (k > kTopkGather) return std::nullopt;
+  LogitsOverrides lov = ov;
+  lov.topk_path.reset();
+  TopkPlan t;
+  t.main = select_logits_kernel(p, d, lov, backend);
+  if (t.main.kernel != LogitsKernel::kGemvStaged) return std::nullopt;
+  t.path = TopkPath::kTileSelect;
+  t.main.epilogue = LogitsEpilogue::kStoreTiles;
+  t.tile_rows = 16 * g::kStagedRowTiles;
+  const int64_t smem = g::tile_select_smem(p.V, t.tile_rows, kTileThreads * kTileHotPer);
+  if (smem + kTileStaticSmem > d.smem_optin) return std::nullopt;
+  t.tile_smem = int(smem);
+  t.reason = why;
+  return t;
+}
+
 }  // namespace
 
 TopkPlan select_topk_path(const LogitsProblem& p, int64_t k, const DeviceInfo& d, const LogitsOverrides& ov,
@@ -553,6 +586,7 @@ TopkPlan select_topk_path(const LogitsProblem& p, int64_t k, const DeviceInfo& d
       case TopkPath::kPoolEpilogue: forced = pools(); break;
       case TopkPath::kLists: forced = lists(); break;
       case TopkPath::kLogitsThenSelect: return logits_then_select(p, k, d, ov, backend, kWhyForced);
+      case TopkPath::kTileSelect: forced = tile_select(p, k, d, ov, backend, kWhyForced); break;
     }
     if (forced) {
       forced->reason = kWhyForced;
@@ -571,6 +605,11 @@ TopkPlan select_topk_path(const LogitsProblem& p, int64_t k, const DeviceInfo& d
     t->note = note;
     return *t;
   }
+  if (p.M >= kTileSelectMinM)
+    if (auto ts = tile_select(p, k, d, ov, backend, "the default at M = 8-16: the staged GEMV's tile summaries")) {
+      ts->note = note;
+      return *ts;
+    }
   TopkPlan sel = logits_then_select(p, k, d, ov, backend, "the default");
   sel.note = note;
   return sel;

@@ -14,8 +14,10 @@
 // fused_<kernel> (each other logits kernel that takes the shape, forced
 // through LogitsOverrides: gemv_regring, gemv_staged, gemm_mma_sync,
 // gemm_wgmma, gemm_wgmma_ws), fused_topk (qhead::topk kFused, k = 50, + lse:
-// the fused epilogue where it applies), logits_then_topk (logits into memory,
-// then the separate top-k), sample / sample_top_k / sample_top_p (qhead::sample
+// the fused epilogue where it applies), auto_topk (qhead::topk kAuto: the
+// default path), tile_topk (tile select forced, where the default is another
+// path and tile select takes the problem), logits_then_topk (logits into memory, then the separate
+// slice selection and merge levels), sample / sample_top_k / sample_top_p (qhead::sample
 // at T = 1 over the whole vocab, with top_k = 50, and at T = 0.7 with
 // top_p = 0.9). Every row names the kernel that ran (`kernel`:
 // the plan, src/cuda/plan.h).
@@ -365,6 +367,28 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
           "k = " + std::to_string(k) + "; qhead::topk (kFused) + lse: " + topk_plan.describe());
       rows.back().kernel = std::string(cuda_plan::topk_path_name(topk_plan.path)) + ":" +
                            cuda_plan::logits_kernel_name(topk_plan.main.kernel);
+      const double auto_us = median_us([&](int i) {
+        topk_plan = cuda_ops::run_topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(),
+                                       Backend::kAuto, defaults);
+      }, reps);
+      add("auto_topk", auto_us, double(table_bytes), dense_us,
+          "k = " + std::to_string(k) + "; qhead::topk (kAuto, the default path) + lse: " + topk_plan.describe());
+      rows.back().kernel = std::string(cuda_plan::topk_path_name(topk_plan.path)) + ":" +
+                           cuda_plan::logits_kernel_name(topk_plan.main.kernel);
+      if (topk_plan.path != cuda_plan::TopkPath::kTileSelect) {  // tile select forced, where it applies
+        LogitsOverrides tile;
+        tile.topk_path = cuda_plan::TopkPath::kTileSelect;
+        if (cuda_ops::plan_topk(tables[0], x.view(), k, Backend::kAuto, tile).path == cuda_plan::TopkPath::kTileSelect) {
+          const double tile_us = median_us([&](int i) {
+            topk_plan = cuda_ops::run_topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(),
+                                           tl.view(), Backend::kAuto, tile);
+          }, reps);
+          add("tile_topk", tile_us, double(table_bytes), dense_us,
+              "k = " + std::to_string(k) + "; tile select forced: " + topk_plan.describe());
+          rows.back().kernel = std::string(cuda_plan::topk_path_name(topk_plan.path)) + ":" +
+                               cuda_plan::logits_kernel_name(topk_plan.main.kernel);
+        }
+      }
       LogitsOverrides separate;
       separate.topk_path = cuda_plan::TopkPath::kLogitsThenSelect;
       const double sep_us = median_us([&](int i) {

@@ -126,6 +126,12 @@ void merge_topk(const uint64_t* cand, const float2* part, int P0, int64_t M, int
 void select_from_logits(const float* l, int64_t M, int64_t V, int64_t k, int select_blocks, bool select_small,
                         float* values, int* ids, float* lse);
 
+// The top-k of logits l [M, V] (row stride V) from the staged GEMV's tile summaries part
+// [M, ceil(V / rows)] (kTileSelect): one block per row, smem_bytes of dynamic shared memory
+// (TopkPlan::tile_smem).
+void select_from_tiles(const float* l, const float2* part, int64_t M, int64_t V, int rows, int64_t k, int smem_bytes,
+                       float* values, int* ids, float* lse);
+
 // ---- topk_lists.cu -----------------------------------------------------------------------
 // thr[m] = a lower bound of row m's k-th largest logit of the sample logits [M, n] (n <= kSlice).
 void list_thresholds(const float* sample, int64_t M, int n, int k, float* thr);

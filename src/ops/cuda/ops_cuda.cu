@@ -212,6 +212,20 @@ TopkPlan run_topk(const Table& table, const TensorView& x, int64_t k, const Tens
       select_from_logits(l, problem.M, V, k, plan.select_blocks, plan.select_small, ov_, oi, ol);
       break;
     }
+    case TopkPath::kTileSelect: {
+      const int64_t V = problem.V, tiles = (V + plan.tile_rows - 1) / plan.tile_rows;
+      const size_t lbytes = (size_t(problem.M * V) * sizeof(float) + 15) / 16 * 16;  // the summaries 16-byte aligned
+      char* w = static_cast<char*>(workspace(kWsLogits, lbytes + size_t(problem.M * tiles) * sizeof(float2)));
+      float* l = reinterpret_cast<float*>(w);
+      LogitsArgs a = kernel_args(table, x);
+      a.out = l;
+      a.ldo = V;
+      a.tile_part = reinterpret_cast<float2*>(w + lbytes);
+      a.tile_ld = tiles;
+      launch(problem, a, plan.main);
+      select_from_tiles(l, a.tile_part, problem.M, V, plan.tile_rows, k, plan.tile_smem, ov_, oi, ol);
+      break;
+    }
   }
   return plan;
 }

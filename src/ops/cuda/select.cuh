@@ -189,19 +189,29 @@ __device__ __forceinline__ unsigned gather(ForEach&& for_each, uint64_t tau, Sel
 // (entry 0 = none, when the row has fewer than k). for_each(f) calls
 // f(entry) for the calling thread's entries, the same number of times in
 // every thread of the block (0 = no entry); my_max is the thread's largest.
-template <class ForEach, class Emit>
-__device__ __forceinline__ void block_select(ForEach&& for_each, uint64_t my_max, int k, Emit&& emit, SelectSmem& sm) {
-  // 1. Threshold from the thread maxima (16 bits).
+// A lower bound of the k-th largest entry of the block: the k-th largest of
+// the threads' own maxima (each thread's my_max is one of its entries, or 0)
+// to 16 bits, by two 8-bit radix passes over the maxima only; 1 (every
+// entry) when fewer than k maxima are non-empty.
+__device__ __forceinline__ uint64_t maxima_threshold(uint64_t my_max, int k, SelectSmem& sm) {
   uint64_t tau = 0;
   unsigned need = unsigned(k);
   auto maxima = [&](auto&& f) { f(my_max); };
   if (radix_pass(maxima, 56, tau, need, sm)) radix_pass(maxima, 48, tau, need, sm);
-  else tau = 1;  // fewer than k non-empty maxima: take every entry
+  else tau = 1;
+  return tau;
+}
+
+// The k best entries, given tau <= the k-th best (at least k entries are >=
+// it): those >= tau gathered and sorted; emit as block_select's.
+template <class ForEach, class Emit>
+__device__ __forceinline__ void block_select_above(ForEach&& for_each, uint64_t tau, int k, Emit&& emit,
+                                                   SelectSmem& sm) {
   unsigned c = gather(for_each, tau, sm);
   if (c > unsigned(kSelPool)) {
     // 2'. Exact k-th entry, then exactly k entries are >= it.
     tau = 0;
-    need = unsigned(k);
+    unsigned need = unsigned(k);
     for (int shift = 56; shift >= 0; shift -= 8) radix_pass(for_each, shift, tau, need, sm);
     c = gather(for_each, tau, sm);
   }
@@ -216,6 +226,11 @@ __device__ __forceinline__ void block_select(ForEach&& for_each, uint64_t my_max
   }
   for (int j = threadIdx.x; j < k; j += blockDim.x) emit(j, j < int(c) ? sm.pool[j] : 0ull);
   __syncthreads();
+}
+
+template <class ForEach, class Emit>
+__device__ __forceinline__ void block_select(ForEach&& for_each, uint64_t my_max, int k, Emit&& emit, SelectSmem& sm) {
+  block_select_above(for_each, maxima_threshold(my_max, k, sm), k, emit, sm);
 }
 
 // Block-wide (max, Σ exp(l − max)) → every thread: the max first, then each

@@ -111,7 +111,191 @@ void launch_select(dim3 grid, const SelectArgs& a, cudaStream_t s) {
   QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel");
 }
 
+// ---- tile select ---------------------------------------------------------------------
+//
+// One block per row over the staged GEMV's tile summaries (kStoreTiles): the
+// (max, Σ exp) of every `rows`-row tile, beside the logits.
+//   1. the summaries → the row's lse (combined in double), each tile's max
+//      into shared memory, and each thread's largest;
+//   2. tau = maxima_threshold of those: at least k logits are >= it (each
+//      thread's largest is some tile's max, itself a logit), so every top-k
+//      entry is >= tau and lies in a tile whose max reaches tau;
+//   3. those tiles' logits — typically k to a few k of them — are read from
+//      the logits and selected above tau (block_select_above).
+// When the candidate tiles hold more than kTileHotPer logits per thread
+// (heavy ties: a tied row makes every tile a candidate) step 3 reads the
+// whole row instead, with the same threshold. One launch after the logits,
+// where logits + levels took two (docs/tuning-notes.md, "Top-k selection").
+struct TileSelectArgs {
+  const float* logits;  // [M, V], row stride ldo
+  int64_t ldo, V;
+  const float2* part;  // [M, tiles]
+  int64_t tiles;
+  int k;
+  float* values;
+  int* ids;
+  float* lse;
+};
+
+constexpr int kTileHotCap = cuda_plan::kTileThreads * cuda_plan::kTileHotPer;
+constexpr int kTileRows = 16;  // rows per summary: the staged GEMV's warp tile (one 16-row tile)
+
+struct TileSelectSmem {
+  SelectSmem sel;
+  double dred[cuda_plan::kTileThreads / 32];
+  int hot[kTileHotCap / kTileRows];  // the candidate tiles, when they hold <= kTileHotCap logits
+};
+static_assert(sizeof(TileSelectSmem) <= cuda_plan::kTileStaticSmem, "plan.h: kTileStaticSmem");
+
+__global__ void __launch_bounds__(cuda_plan::kTileThreads) topk_tile_select_kernel(const TileSelectArgs a) {
+  constexpr int T = cuda_plan::kTileThreads, PER = cuda_plan::kTileHotPer;
+  __shared__ TileSelectSmem ts;
+  SelectSmem& sm = ts.sel;
+  double* dred = ts.dred;
+  int* hot = ts.hot;
+  extern __shared__ __align__(16) unsigned char tile_smem[];
+  float* tmax = reinterpret_cast<float*>(tile_smem);  // [tiles], then kTileHotCap candidate entries
+  const int m = blockIdx.x, tid = int(threadIdx.x), lane = tid & 31, w = tid >> 5;
+  const float2* pr = a.part + int64_t(m) * a.tiles;
+  const float* lrow = a.logits + int64_t(m) * a.ldo;
+
+  // 1. The thread's tiles c = tid + j·T, eight loads in flight; its max and Σ exp online.
+  float mx = -INFINITY, s = 0.0f;
+  for (int64_t c0 = tid; c0 < a.tiles; c0 += 8 * T) {
+    float2 v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t c = c0 + int64_t(i) * T;
+      v[i] = c < a.tiles ? pr[c] : make_float2(-INFINITY, 0.0f);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t c = c0 + int64_t(i) * T;
+      if (c < a.tiles) tmax[c] = v[i].x;
+      if (v[i].x == -INFINITY) continue;
+      if (v[i].x > mx) {
+        s = s * expf(mx - v[i].x) + v[i].y;
+        mx = v[i].x;
+      } else {
+        s += v[i].y * expf(v[i].x - mx);
+      }
+    }
+  }
+  float bm = mx;
+  for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
+  if (lane == 0) sm.fred[w] = bm;
+  __syncthreads();
+  bm = -INFINITY;
+  for (int i = 0; i < T / 32; ++i) bm = fmaxf(bm, sm.fred[i]);
+  double ds = mx == -INFINITY ? 0.0 : double(s) * exp(double(mx) - double(bm));
+  for (int o = 16; o > 0; o >>= 1) ds += __shfl_xor_sync(0xffffffffu, ds, o);
+  if (lane == 0) dred[w] = ds;
+  __syncthreads();
+  if (tid == 0) {
+    double t = 0.0;
+    for (int i = 0; i < T / 32; ++i) t += dred[i];
+    a.lse[m] = float(double(bm) + log(t));
+  }
+
+  // 2. The threshold: the k-th largest of the threads' largest tile maxima (as entries with
+  // all id bits set: an entry's key bits alone decide against it), first to 16 bits; where
+  // that lets through more candidate tiles than the block holds (a row whose logits sit in
+  // a narrow band far from 0, where 16 bits of the key are coarse), to all 32.
+  const uint64_t my_max = mx == -INFINITY ? 0ull : (uint64_t(order_key(mx)) << 32) | 0xFFFFFFFFull;
+  auto maxima = [&](auto&& f) { f(my_max); };
+  uint64_t tau = 0;
+  unsigned need = unsigned(a.k);
+  const bool bounded = radix_pass(maxima, 56, tau, need, sm) && radix_pass(maxima, 48, tau, need, sm);
+  if (!bounded) tau = 1;  // fewer than k tiles with a logit: every tile
+  auto reaches = [&](int64_t c) { return ((uint64_t(order_key(tmax[c])) << 32) | 0xFFFFFFFFull) >= tau; };
+  auto count_tiles = [&]() {
+    unsigned cnt = 0;
+    for (int64_t c = tid; c < a.tiles; c += T) cnt += reaches(c) ? 1u : 0u;
+    return cnt;
+  };
+
+  // 3. The candidate tiles, listed in order by a block scan of per-thread counts.
+  unsigned cnt = count_tiles();
+  unsigned ntiles;
+  unsigned base = block_exclusive_scan(cnt, ntiles, sm);
+  if (bounded && int64_t(ntiles) * kTileRows > kTileHotCap) {
+    __syncthreads();  // sm.wsum is read by the scan above
+    radix_pass(maxima, 40, tau, need, sm);
+    radix_pass(maxima, 32, tau, need, sm);
+    cnt = count_tiles();
+    base = block_exclusive_scan(cnt, ntiles, sm);
+  }
+  const int64_t nhot = int64_t(ntiles) * kTileRows;
+  const bool listed = nhot <= kTileHotCap;
+  if (listed)
+    for (int64_t c = tid; c < a.tiles; c += T)
+      if (reaches(c)) hot[base++] = int(c);
+  __syncthreads();
+  auto emit = [&](int j, uint64_t e) {
+    a.values[int64_t(m) * a.k + j] = entry_value(e);
+    a.ids[int64_t(m) * a.k + j] = entry_id_or_last(e);
+  };
+  if (listed) {
+    // Candidate logit i = (tile hot[i / 16], its row i % 16), loaded as an entry once (all PER
+    // loads in flight); each thread reads back only its own.
+    uint64_t* items = reinterpret_cast<uint64_t*>(tile_smem + (a.tiles * 4 + 15) / 16 * 16);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+      const int i = j * T + tid;
+      uint64_t e = 0;
+      if (i < nhot) {
+        const int64_t r = int64_t(hot[i / kTileRows]) * kTileRows + i % kTileRows;
+        if (r < a.V) e = make_entry(lrow[r], r);
+      }
+      items[i] = e;
+    }
+    auto for_each = [&](auto&& f) {
+#pragma unroll 4
+      for (int j = 0; j < PER; ++j) f(items[j * T + tid]);
+    };
+    block_select_above(for_each, tau, a.k, emit, sm);
+  } else {
+    const int64_t per = (a.V + T - 1) / T;
+    auto for_each = [&](auto&& f) {
+      for (int64_t j = 0; j < per; ++j) {
+        const int64_t r = j * T + tid;
+        f(r < a.V ? make_entry(lrow[r], r) : 0ull);
+      }
+    };
+    block_select_above(for_each, tau, a.k, emit, sm);
+  }
+}
+
 }  // namespace
+
+void select_from_tiles(const float* l, const float2* part, int64_t M, int64_t V, int rows, int64_t k, int smem_bytes,
+                       float* values, int* ids, float* lse) {
+  if (rows != kTileRows) fail("topk", "tile select takes 16-row tile summaries, got " + std::to_string(rows));
+  cudaStream_t s = current_stream();
+  TileSelectArgs a;
+  a.logits = l;
+  a.ldo = V;
+  a.V = V;
+  a.part = part;
+  a.tiles = (V + rows - 1) / rows;
+  a.k = int(k);
+  a.values = values;
+  a.ids = ids;
+  a.lse = lse;
+  // The attribute is set once, to the most any plan asks (plan.h: the opt-in less the static part).
+  static const int most = [] {
+    int dev = 0, b = 0;
+    QHEAD_CUDA_CHECK(cudaGetDevice(&dev));
+    QHEAD_CUDA_CHECK(cudaDeviceGetAttribute(&b, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return b - cuda_plan::kTileStaticSmem;
+  }();
+  if (smem_bytes > most)
+    fail("topk", "tile select: " + std::to_string(smem_bytes) + " bytes of shared memory asked, " +
+                     std::to_string(most) + " available");
+  allow_dynamic_smem<topk_tile_select_kernel>(most);
+  topk_tile_select_kernel<<<unsigned(M), cuda_plan::kTileThreads, smem_bytes, s>>>(a);
+  QHEAD_CUDA_CHECK_LAUNCH("topk_tile_select_kernel");
+}
 
 // Level-0 candidates cand[M, P0, k] and partial sums part[M, P0] → the top-k
 // and lse: selection levels of kSlice entries per block until one block per
