@@ -2,19 +2,23 @@
 // answers), its exactness (chi-square goodness of fit of 10^6 draws per
 // setting against the distribution the contract defines, computed in f64
 // from the dequantized table, and the same test rejecting a wrong
-// distribution), agreement of the paths draw for draw, reproducibility, the
-// cut past the first candidates, awkward vocab sizes and the errors.
+// distribution), agreement of the paths draw for draw, the whole-row draw
+// against a sorted-index draw id for id, reproducibility, the cut past the
+// first candidates, awkward vocab sizes and the errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/cpu/kernels.h"
 #include "ops/sample.h"
+#include "ops/sample_host.h"
 #include "qhead/cuda.h"
 #include "qhead/ops.h"
 #include "test_util.h"
@@ -448,6 +452,99 @@ TEST(Sample, DenseAndEightBitTables) {
       }
       EXPECT_GE(same, 15) << st.name << (t == &dense ? " dense" : " w8");
     }
+}
+
+// The oracle of from_logits' draw under a cut, in its plainest form: the
+// row's indices sorted by z = l * (1 / T) descending, ties to the lower id
+// (a comparator on the values), the log-sum-exp in f64 in column order,
+// draw_sorted on the sorted values. rows as in from_logits.
+void whole_row_draw_ref(const float* logits, int64_t m, int64_t v, const SampleParams& p, int32_t* ids,
+                        const int64_t* rows) {
+  const float inv_t = 1.0f / p.temperature;
+  const sampling::Cut cut = sampling::cut_of(p);
+  std::vector<float> z(static_cast<size_t>(v)), sorted(static_cast<size_t>(v));
+  std::vector<int32_t> order(static_cast<size_t>(v));
+  for (int64_t r = 0; r < m; ++r) {
+    const int64_t i = rows ? rows[r] : r;
+    for (int64_t j = 0; j < v; ++j) z[static_cast<size_t>(j)] = logits[r * v + j] * inv_t;
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      const float za = z[static_cast<size_t>(a)], zb = z[static_cast<size_t>(b)];
+      return za > zb || (za == zb && a < b);
+    });
+    const double mx = z[static_cast<size_t>(order[0])];
+    double s = 0.0;
+    for (int64_t j = 0; j < v; ++j) s += std::exp(static_cast<double>(z[static_cast<size_t>(j)]) - mx);
+    const double lse = mx + std::log(s);
+    const int64_t k = p.top_k > 0 ? p.top_k : v;
+    for (int64_t j = 0; j < k; ++j) sorted[static_cast<size_t>(j)] = z[static_cast<size_t>(order[static_cast<size_t>(j)])];
+    const int j = sampling::draw_sorted(sorted.data(), k, lse, true, cut,
+                                        sampling::draw_uniform(p.seed, p.offset, static_cast<uint32_t>(i)));
+    ASSERT_GE(j, 0);
+    ids[i] = order[static_cast<size_t>(j)];
+  }
+}
+
+// from_logits returns the reference's id for every draw: rows of logits on a
+// grid of a few values (long runs of ties, -0 beside +0) and rows of distinct
+// values, at V = 1, 3, 1000 and 50257 (below the radix sort, the radix sort,
+// a top-k cut on its own histogram), over temperatures and every cut, with
+// the rows of a call permuted (their counters and slots).
+TEST(Sample, WholeRowDrawMatchesTheSortedIndexDraw) {
+  struct Cfg {
+    float t;
+    int64_t k;  // top_k; -1: V / 3
+    float tp, mp;
+  };
+  const Cfg cfgs[] = {{1.0f, 0, 0.9f, 0.0f},   {0.7f, 0, 0.5f, 0.0f},  {1.7f, 0, 0.95f, 0.02f},
+                      {0.5f, 0, 1.0f, 0.05f},  {1.0f, 1, 1.0f, 0.0f},  {1.3f, 7, 1.0f, 0.0f},
+                      {0.9f, -1, 0.9f, 0.0f},  {1.0f, -1, 1.0f, 0.3f}, {2.0f, 0, 0.999f, 0.0f}};
+  for (int64_t v : {int64_t{1}, int64_t{3}, int64_t{1000}, int64_t{50257}}) {
+    const int64_t m = 4;
+    // Rows 0 and 1: values on a grid of 9 (V = 1000: 111 ties a value on
+    // average) with zeros of both signs; row 2: distinct values; row 3: zeros
+    // of both signs throughout (one run of ties, -0 == +0).
+    Rng rng(7000 + static_cast<uint64_t>(v));
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    std::vector<float> l(static_cast<size_t>(m * v));
+    for (int64_t j = 0; j < v; ++j) {
+      for (int64_t r = 0; r < 2; ++r) {
+        float q = std::round(u(rng) * 2.0f) * 0.5f;
+        if (q == 0.0f && (rng() & 1)) q = -0.0f;
+        l[static_cast<size_t>(r * v + j)] = q;
+      }
+      l[static_cast<size_t>(2 * v + j)] = u(rng);
+      l[static_cast<size_t>(3 * v + j)] = (rng() & 1) ? -0.0f : 0.0f;
+    }
+    const int64_t order[m] = {2, 0, 3, 1};
+    for (const Cfg& c : cfgs) {
+      SampleParams p;
+      p.temperature = c.t;
+      p.top_k = c.k < 0 ? std::max<int64_t>(1, v / 3) : std::min(c.k, v);
+      p.top_p = c.tp;
+      p.min_p = c.mp;
+      p.seed = 0xd1ce0000u + static_cast<uint64_t>(v);
+      ASSERT_TRUE(sampling::truncated(p));
+      int64_t differ = 0, n = 0;
+      std::string first;  // the first draw that differs
+      for (uint64_t off = 0; off < (v > 10000 ? 2u : 6u); ++off) {
+        p.offset = off;
+        const int64_t* rows = (off & 1) ? order : nullptr;
+        std::vector<int32_t> want(static_cast<size_t>(m), -1), got(static_cast<size_t>(m), -2);
+        whole_row_draw_ref(l.data(), m, v, p, want.data(), rows);
+        sampling::from_logits(l.data(), m, v, p, got.data(), rows);
+        for (int64_t i = 0; i < m; ++i, ++n) {
+          const int32_t w = want[static_cast<size_t>(i)], g = got[static_cast<size_t>(i)];
+          if (g == w) continue;
+          if (differ++ == 0)
+            first = "offset " + std::to_string(off) + " row " + std::to_string(i) + ": " + std::to_string(g) +
+                    " against " + std::to_string(w);
+        }
+      }
+      EXPECT_EQ(differ, 0) << "V=" << v << " T=" << c.t << " top_k=" << p.top_k << " top_p=" << c.tp
+                           << " min_p=" << c.mp << ": " << differ << " of " << n << " draws differ, first " << first;
+    }
+  }
 }
 
 TEST(Sample, BadArgumentsNameTheSetting) {
