@@ -112,7 +112,8 @@ __device__ __forceinline__ void store_tile_summary(const LogitsArgs& a, const fl
         for (int r = 0; r < RT; ++r)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
-            if (whole || row0 + r * 16 + h * 8 + g < a.V) s += ex2_ftz((acc[r][n][e + 2 * h] - mx) * 1.4426950408889634f);
+            if (whole || row0 + r * 16 + h * 8 + g < a.V)
+              s += ex2_ftz((acc[r][n][e + 2 * h] - mx) * 1.4426950408889634f);
       }
 #pragma unroll
       for (int o = 4; o < 32; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);

@@ -358,48 +358,29 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
             "forced through LogitsOverrides: " + plan.describe());
         rows.back().kernel = cuda_plan::logits_kernel_name(plan.kernel);
       }
+      // A top-k row: qhead::topk under `backend` and `ov`, the path and kernel that ran.
       cuda_plan::TopkPlan topk_plan;
-      const double topk_us = median_us([&](int i) {
-        topk_plan = cuda_ops::run_topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(),
-                                       Backend::kFused, defaults);
-      }, reps);
-      add("fused_topk", topk_us, double(table_bytes), dense_us,
-          "k = " + std::to_string(k) + "; qhead::topk (kFused) + lse: " + topk_plan.describe());
-      rows.back().kernel = std::string(cuda_plan::topk_path_name(topk_plan.path)) + ":" +
-                           cuda_plan::logits_kernel_name(topk_plan.main.kernel);
-      const double auto_us = median_us([&](int i) {
-        topk_plan = cuda_ops::run_topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(),
-                                       Backend::kAuto, defaults);
-      }, reps);
-      add("auto_topk", auto_us, double(table_bytes), dense_us,
-          "k = " + std::to_string(k) + "; qhead::topk (kAuto, the default path) + lse: " + topk_plan.describe());
-      rows.back().kernel = std::string(cuda_plan::topk_path_name(topk_plan.path)) + ":" +
-                           cuda_plan::logits_kernel_name(topk_plan.main.kernel);
+      auto timed_topk = [&](const char* path, Backend backend, const LogitsOverrides& ov, const std::string& what) {
+        const double us = median_us([&](int i) {
+          topk_plan = cuda_ops::run_topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(),
+                                         tl.view(), backend, ov);
+        }, reps);
+        add(path, us, double(table_bytes), dense_us, "k = " + std::to_string(k) + "; " + what + topk_plan.describe());
+        rows.back().kernel = std::string(cuda_plan::topk_path_name(topk_plan.path)) + ":" +
+                             cuda_plan::logits_kernel_name(topk_plan.main.kernel);
+      };
+      timed_topk("fused_topk", Backend::kFused, defaults, "qhead::topk (kFused) + lse: ");
+      timed_topk("auto_topk", Backend::kAuto, defaults, "qhead::topk (kAuto, the default path) + lse: ");
       if (topk_plan.path != cuda_plan::TopkPath::kTileSelect) {  // tile select forced, where it applies
         LogitsOverrides tile;
         tile.topk_path = cuda_plan::TopkPath::kTileSelect;
-        if (cuda_ops::plan_topk(tables[0], x.view(), k, Backend::kAuto, tile).path == cuda_plan::TopkPath::kTileSelect) {
-          const double tile_us = median_us([&](int i) {
-            topk_plan = cuda_ops::run_topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(),
-                                           tl.view(), Backend::kAuto, tile);
-          }, reps);
-          add("tile_topk", tile_us, double(table_bytes), dense_us,
-              "k = " + std::to_string(k) + "; tile select forced: " + topk_plan.describe());
-          rows.back().kernel = std::string(cuda_plan::topk_path_name(topk_plan.path)) + ":" +
-                               cuda_plan::logits_kernel_name(topk_plan.main.kernel);
-        }
+        if (cuda_ops::plan_topk(tables[0], x.view(), k, Backend::kAuto, tile).path == cuda_plan::TopkPath::kTileSelect)
+          timed_topk("tile_topk", Backend::kAuto, tile, "tile select forced: ");
       }
       LogitsOverrides separate;
       separate.topk_path = cuda_plan::TopkPath::kLogitsThenSelect;
-      const double sep_us = median_us([&](int i) {
-        topk_plan = cuda_ops::run_topk(tables[size_t(i) % tables.size()], x.view(), k, tv.view(), ti.view(), tl.view(),
-                                       Backend::kAuto, separate);
-      }, reps);
-      add("logits_then_topk", sep_us, double(table_bytes), dense_us,
-          "k = " + std::to_string(k) + "; kAuto logits into [M, V], then slice selection + merge: " +
-              topk_plan.describe());
-      rows.back().kernel = std::string(cuda_plan::topk_path_name(topk_plan.path)) + ":" +
-                           cuda_plan::logits_kernel_name(topk_plan.main.kernel);
+      timed_topk("logits_then_topk", Backend::kAuto, separate,
+                 "kAuto logits into [M, V], then slice selection + merge: ");
       // The sample op: T = 1 over the whole vocab (logits, then Gumbel-max
       // over column slices), T = 1 with top_k = 50 (the fused top-k, then
       // the draw) and T = 0.7 with top_p = 0.9 (logits, scaled, slice
