@@ -48,16 +48,17 @@ CUDA_ROWS = [
     row("fused_v7", 12.5),
     row("logits_then_topk", 20.0),
     row("fused_topk", 25.0),
+    row("auto_topk", 18.0),
     row("dense", 90.0, m=16),
     row("fused", 15.0, m=16, read_ceiling_fraction=0.5333),
     {"shape": "1000x64", "scheme": "w4g64", "m": 1, "path": "verdict", "line": "ignored"},
 ]
 
 EXPECTED_CUDA = """\
-| shape | scheme | act | M | read ceiling µs | cuBLAS dense µs | fallback µs | fused µs | fused / read ceiling | fused vs cuBLAS | fused host µs | logits + selection µs | fused top-k µs | run |
-|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|
-| 1000x64 | w4g64 | f16 | 1 | 8.0 | 30.0 | 60.0 | 10.0 | 0.80 | 3.00× | 4.2 | 20.0 | 25.0 | 1 |
-| 1000x64 | w4g64 | f16 | 16 | 8.0 | 90.0 | — | 15.0 | 0.53 | 6.00× | — | — | — | 1 |
+| shape | scheme | act | M | read ceiling µs | cuBLAS dense µs | fallback µs | fused µs | fused / read ceiling | fused vs cuBLAS | fused host µs | logits + selection µs | fused top-k µs | default top-k µs | default top-k / fused | run |
+|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|
+| 1000x64 | w4g64 | f16 | 1 | 8.0 | 30.0 | 60.0 | 10.0 | 0.80 | 3.00× | 4.2 | 20.0 | 25.0 | 18.0 | 1.80 | 1 |
+| 1000x64 | w4g64 | f16 | 16 | 8.0 | 90.0 | — | 15.0 | 0.53 | 6.00× | — | — | — | — | — | 1 |
 
 - run 1: `docs/bench/test/run.json` — qhead 9.8.7 at 0123456, 2026-01-02, Test GPU; `qhead bench --device cuda --shape 1000x64 --json`"""
 
