@@ -2,8 +2,9 @@
 // integer dot product: inside namespace int8_vnni (VNNI vpdpbusd) and
 // int8_madd (vpmaddubsw + vpmaddwd), each of which defines QHEAD_INT8_TARGET
 // (the function attribute its instructions need, or nothing) and
-// dot4(acc, u, s) / dot8(acc, u, s): acc + the sums of four products of
-// unsigned codes u (< 16 / < 256) and signed activations s per int32 lane,
+// dot4x2(acc, u0, s0, u1, s1) / dot8(acc, u, s): acc + the sums of four
+// products of unsigned codes u (< 16 / < 256) and signed activations s per
+// int32 lane (dot4x2: of both pairs (u0, s0) and (u1, s1), eight products),
 // exactly. No include guard: it is meant to be included twice.
 
 // One chunk k of the RT consecutive rows at p0 (row stride rb) against the
@@ -60,8 +61,7 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void int8_chunk(VF (&acc
       // times -zc (>= -255) in 16-bit lanes, exact.
       VI d = SYM ? t : vmadd16(t, zl[r]);
       if constexpr (BITS == 4) {
-        d = dot4(d, u0[r], xe);
-        d = dot4(d, u1[r], xo);
+        d = dot4x2(d, u0[r], xe, u1[r], xo);
       } else {
         d = dot8(d, u0[r], xe);
       }
