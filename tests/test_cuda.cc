@@ -22,11 +22,18 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <numeric>
 #include <optional>
+#include <stdexcept>
+#include <string>
+
+#if defined(QHEAD_HAS_CUDA)
+#include <cuda_runtime.h>
+#endif
 
 #include "cases.h"
 #include "ops/ops_cuda.h"
@@ -734,6 +741,106 @@ TEST(Cuda, ConcurrentCallsFromSeveralThreads) {
   EXPECT_EQ(calls.load(), 3 * kThreads * kRounds);
   EXPECT_EQ(mismatches.load(), 0);
 }
+
+#if defined(QHEAD_HAS_CUDA)
+// The staged GEMV's stages issued before its activations are built, and the
+// kernels after the logits launched as programmatic dependents (both off by
+// default, cuda/plan.h), give the default path's bytes: eagerly, and captured
+// into a CUDA graph (which keeps the programmatic edges) and replayed from
+// poisoned outputs. Logits, top-k (logits then selection at M = 1, 3; tile
+// select at 12), sample over the whole vocabulary and with top_k.
+struct Shape2 {
+  DType t;
+  Shape s;
+};
+bool all_finite(const TensorView& v) {
+  const float* p = static_cast<const float*>(v.data);
+  return std::all_of(p, p + v.numel(), [](float f) { return std::isfinite(f); });
+}
+
+TEST(Cuda, SwitchesAndGraphReplayKeepTheBytes) {
+  SKIP_WITHOUT_GPU();
+  auto ok = [](cudaError_t e) {
+    if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + cudaGetErrorString(e));
+  };
+  constexpr int64_t K = 50;
+  SampleParams whole;  // T = 1 over the whole vocabulary: the Gumbel slices
+  whole.seed = 11;
+  SampleParams cut;  // T = 0.8, top_k = 50: the scaled logits, the selection levels, the draw
+  cut.temperature = 0.8f;
+  cut.top_k = K;
+  cut.seed = 12;
+  cut.offset = 3;
+  cuda_plan::LogitsOverrides on;
+  on.stages_before_x = true;
+  on.dependent_launch = true;
+  struct Shape {
+    int64_t V, H;
+    const char* scheme;
+  };
+  // H = 2560 at M = 12 and 16 builds the staged activations once per call (the prebuilt copy).
+  for (const Shape& sh : {Shape{50257, 256, "w4g64"}, Shape{49216, 2560, "w8g128"}}) {
+    const Table t = cuda::to_device(Table::packed(random_packed(sh.V, sh.H, QuantScheme::parse(sh.scheme, DType::kF16), 8200)));
+    for (int64_t M : {1, 3, 12, 16}) {
+      SCOPED_TRACE(std::string(sh.scheme) + " V = " + std::to_string(sh.V) + " M = " + std::to_string(M));
+      const Tensor x = upload(random_tensor(DType::kF16, M, sh.H, 8201 + M));
+      const std::array<Shape2, 6> shapes = {Shape2{DType::kF32, {M, sh.V}}, Shape2{DType::kF32, {M, K}},
+                                            Shape2{DType::kI32, {M, K}},    Shape2{DType::kF32, {M}},
+                                            Shape2{DType::kI32, {M}},       Shape2{DType::kI32, {M}}};
+      std::array<Tensor, 6> out, poison;
+      for (size_t j = 0; j < out.size(); ++j) {
+        out[j] = poisoned_device(shapes[j].t, shapes[j].s);
+        poison[j] = poisoned_device(shapes[j].t, shapes[j].s);
+      }
+      auto calls = [&](const cuda_plan::LogitsOverrides& ov) {
+        cuda_ops::run_logits(t, x.view(), out[0].view(), Backend::kAuto, ov);
+        cuda_ops::run_topk(t, x.view(), K, out[1].view(), out[2].view(), out[3].view(), Backend::kAuto, ov);
+        cuda_ops::run_sample(t, x.view(), whole, out[4].view(), Backend::kAuto, ov);
+        cuda_ops::run_sample(t, x.view(), cut, out[5].view(), Backend::kAuto, ov);
+      };
+      auto repoison = [&](void* s) {
+        for (size_t j = 0; j < out.size(); ++j)
+          ok(cudaMemcpyAsync(out[j].data(), poison[j].data(), out[j].nbytes(), cudaMemcpyDeviceToDevice,
+                             static_cast<cudaStream_t>(s)));
+      };
+      calls({});  // the default path; also sizes the workspaces
+      std::array<Tensor, 6> want;
+      for (size_t j = 0; j < out.size(); ++j) want[j] = download(out[j]);
+      EXPECT_TRUE(all_finite(want[0].view())) << "logits";
+      for (int64_t m = 0; m < M; ++m)
+        for (size_t j : {size_t(4), size_t(5)}) ASSERT_LT(uint32_t(want[j].ptr<int32_t>()[m]), uint32_t(sh.V));
+      for (const cuda_plan::LogitsOverrides& ov : {cuda_plan::LogitsOverrides{}, on}) {
+        const std::string which = ov.dependent_launch ? "switches on" : "default";
+        repoison(cuda::stream());
+        calls(ov);
+        for (size_t j = 0; j < out.size(); ++j)
+          EXPECT_TRUE(same_bytes(download(out[j]), want[j])) << which << ", eager, output " << j;
+        cudaStream_t s = nullptr;
+        ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        void* const before = cuda::stream();
+        cuda::set_stream(s);
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        calls(ov);
+        ok(cudaStreamEndCapture(s, &graph));
+        ok(cudaGraphInstantiate(&exec, graph, 0));
+        for (int rep = 0; rep < 2; ++rep) {
+          repoison(s);
+          ok(cudaGraphLaunch(exec, s));
+          ok(cudaStreamSynchronize(s));
+          for (size_t j = 0; j < out.size(); ++j)
+            EXPECT_TRUE(same_bytes(download(out[j]), want[j])) << which << ", replay " << rep << ", output " << j;
+        }
+        cuda::set_stream(before);
+        ok(cudaGraphExecDestroy(exec));
+        ok(cudaGraphDestroy(graph));
+        ok(cudaStreamDestroy(s));
+      }
+    }
+  }
+}
+#endif
 
 TEST(Cuda, ArgumentErrors) {
   SKIP_WITHOUT_GPU();

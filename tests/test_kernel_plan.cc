@@ -173,6 +173,41 @@ TEST(KernelPlan, OverridesForceAKernelOrSayWhyNot) {
   EXPECT_TRUE(pick(problem(4, 64, 151936, 1024, 1), DeviceInfo::h200(), Backend::kAuto, x).x_prebuilt);
 }
 
+// The two switches that are off until the GPU measures them: the staged
+// GEMV's stages issued before its activations are built, and the kernels
+// after the logits launched as programmatic dependents (sm_90 only).
+TEST(KernelPlan, StagesBeforeXAndDependentLaunchFollowTheOverrides) {
+  const LogitsProblem p1 = problem(4, 64, 151936, 1024, 1), p12 = problem(4, 64, 151936, 1024, 12);
+  const LogitsPlan off = pick(p1, DeviceInfo::h200(), Backend::kAuto);
+  ASSERT_EQ(off.kernel, LogitsKernel::kGemvStaged);
+  EXPECT_FALSE(off.stages_before_x);
+  EXPECT_EQ(off.describe().find("stages_before_x"), std::string::npos) << off.describe();
+  LogitsOverrides ov;
+  ov.stages_before_x = true;
+  ASSERT_TRUE(pick(problem(8, 128, 262144, 2560, 16)).x_prebuilt);
+  for (const LogitsProblem& p : {p1, p12, problem(8, 128, 262144, 2560, 16)}) {  // CTA-built and prebuilt x
+    const LogitsPlan on = pick(p, DeviceInfo::h200(), Backend::kAuto, ov);
+    ASSERT_EQ(on.kernel, LogitsKernel::kGemvStaged) << p.describe();
+    EXPECT_TRUE(on.stages_before_x) << p.describe();
+    EXPECT_NE(on.describe().find("stages_before_x"), std::string::npos) << on.describe();
+  }
+  // Only the staged GEMV has the switch.
+  EXPECT_FALSE(pick(problem(4, 64, 151936, 1024, 256), DeviceInfo::h200(), Backend::kAuto, ov).stages_before_x);
+
+  EXPECT_FALSE(select_topk_path(p1, 50, DeviceInfo::h200(), {}, Backend::kAuto).dependent_launch);
+  EXPECT_FALSE(dependent_launch(DeviceInfo::h200(), {}));
+  LogitsOverrides dep;
+  dep.dependent_launch = true;
+  EXPECT_TRUE(dependent_launch(DeviceInfo::h200(), dep));
+  EXPECT_FALSE(dependent_launch(sm80(), dep));  // programmatic dependent launch needs sm_90
+  for (const LogitsProblem& p : {p1, p12, problem(4, 64, 151936, 1024, 256)}) {  // every top-k path carries it
+    const TopkPlan t = select_topk_path(p, 50, DeviceInfo::h200(), dep, Backend::kAuto);
+    EXPECT_TRUE(t.dependent_launch) << t.describe();
+    EXPECT_NE(t.describe().find("dependent launches"), std::string::npos) << t.describe();
+    EXPECT_FALSE(select_topk_path(p, 50, sm80(), dep, Backend::kAuto).dependent_launch);
+  }
+}
+
 struct ScopedEnv {
   std::string name;
   ScopedEnv(const char* n, const char* v) : name(n) { setenv(n, v, 1); }
@@ -200,6 +235,26 @@ TEST(KernelPlan, EnvironmentOverridesAreValidated) {
     ScopedEnv e("QHEAD_CUDA_TOPK_PATH", "pools");
     EXPECT_THROW((void)LogitsOverrides::from_env(), Error);
   }
+  for (const char* name : {"QHEAD_CUDA_STAGES_BEFORE_X", "QHEAD_CUDA_DEPENDENT_LAUNCH"})
+    for (const char* bad : {"yes", "2", "on", " 1"}) {
+      ScopedEnv e(name, bad);
+      try {
+        (void)LogitsOverrides::from_env();
+        ADD_FAILURE() << name << "=" << bad << " was accepted";
+      } catch (const Error& err) {
+        EXPECT_EQ(err.code(), ErrorCode::kInvalidArgument);
+        EXPECT_NE(std::string(err.what()).find(name), std::string::npos) << err.what();
+      }
+    }
+  {
+    ScopedEnv a("QHEAD_CUDA_STAGES_BEFORE_X", "1");
+    ScopedEnv b("QHEAD_CUDA_DEPENDENT_LAUNCH", "0");
+    const LogitsOverrides f = LogitsOverrides::from_env();
+    EXPECT_EQ(f.stages_before_x, true);
+    EXPECT_EQ(f.dependent_launch, false);
+  }
+  EXPECT_FALSE(LogitsOverrides::from_env().stages_before_x.has_value());
+  EXPECT_FALSE(LogitsOverrides::from_env().dependent_launch.has_value());
   ScopedEnv k("QHEAD_CUDA_LOGITS_KERNEL", "gemm_mma_sync");
   ScopedEnv t("QHEAD_CUDA_TOPK_PATH", "lists");
   ScopedEnv x("QHEAD_CUDA_STAGED_CTA_X", "4096");

@@ -31,6 +31,13 @@ constexpr int kStagedMaxScaleBlock = 4096;
 // CTA's own build wins at 66 KB (H = 4096, M = 8: 94 vs 95 us), the extra
 // launch at 83 KB (H = 2560, M = 16: 144 vs 148 us).
 constexpr int kStagedCtaX = 72 * 1024;
+// Staged GEMV: the ring's first stages issued before the activations are
+// built (overlapping the build with the table's first reads), and the
+// kernels after a logits kernel launched as its programmatic dependents.
+// Off until an A/B on the GPU measures them (QHEAD_CUDA_STAGES_BEFORE_X,
+// QHEAD_CUDA_DEPENDENT_LAUNCH).
+constexpr bool kStagesBeforeX = false;
+constexpr bool kDependentLaunch = false;
 // Pool epilogue: shared memory per CTA above which it is not taken.
 constexpr int kPoolsMaxSmem = 160 * 1024;
 // GEMMs from this many columns; below, the GEMV kernels (M = 16: 67 us
@@ -192,6 +199,7 @@ std::optional<LogitsPlan> plan_staged_base(const LogitsProblem& p, const DeviceI
   if (!group_layout(p, plan.stage_bytes, /*one_segment=*/true, plan)) return std::nullopt;
   const int xs = g::staged_x_bytes(p.bits, plan.stage_bytes, int(p.H), int(p.M));
   plan.x_prebuilt = xs > ov.staged_cta_x.value_or(kStagedCtaX);
+  plan.stages_before_x = ov.stages_before_x.value_or(kStagesBeforeX);
   plan.smem_bytes = xs + g::kStagedWarps * g::staged_warp_bytes(p.bits, plan.stage_bytes, g::kStagedRowTiles,
                                                                  g::kStagedStages, !p.symmetric, int(p.groups()),
                                                                  p.scale_bytes);
@@ -354,6 +362,7 @@ std::string LogitsPlan::describe() const {
   add("c", stage_bytes);
   if (stage_bytes) s += " gs=" + std::to_string(group_segs) + (group_segs == 0 ? "x" + std::to_string(stages_per_group) : "");
   if (x_prebuilt) s += " x_prebuilt";
+  if (stages_before_x) s += " stages_before_x";
   if (epilogue == LogitsEpilogue::kTopkPools)
     s += " +pools(cols=" + std::to_string(pool_cols) + " cap=" + std::to_string(pool_cap) + " grid=" + std::to_string(grid) + ")";
   if (epilogue == LogitsEpilogue::kStoreTiles) s += " +tile_summaries";
@@ -372,6 +381,7 @@ std::string TopkPlan::describe() const {
   if (path == TopkPath::kTileSelect)
     s += "; one select block per row over " + std::to_string(tile_rows) + "-row tiles (" + std::to_string(tile_smem) +
          " B shared)";
+  if (dependent_launch) s += "; dependent launches";
   if (*reason) s += std::string(" (") + reason + ")";
   if (!note.empty()) s += " [" + note + "]";
   return s;
@@ -416,6 +426,14 @@ LogitsOverrides LogitsOverrides::from_env() {
                   "'" + v + "' is not a byte count; an integer from 0 to 1048576");
     ov.staged_cta_x = int(n);
   }
+  auto flag = [](const char* name) -> std::optional<bool> {
+    const std::string v = env_value(name);
+    if (v.empty()) return std::nullopt;
+    if (v == "0" || v == "1") return v == "1";
+    throw Error(ErrorCode::kInvalidArgument, name, "'" + v + "' is not 0 or 1");
+  };
+  ov.stages_before_x = flag("QHEAD_CUDA_STAGES_BEFORE_X");
+  ov.dependent_launch = flag("QHEAD_CUDA_DEPENDENT_LAUNCH");
   return ov;
 }
 
@@ -544,8 +562,12 @@ std::optional<TopkPlan> tile_select(const LogitsProblem& p, int64_t k, const Dev
 
 }  // namespace
 
-TopkPlan select_topk_path(const LogitsProblem& p, int64_t k, const DeviceInfo& d, const LogitsOverrides& ov,
-                          Backend backend) {
+bool dependent_launch(const DeviceInfo& d, const LogitsOverrides& ov) {
+  return d.cc_major >= 9 && ov.dependent_launch.value_or(kDependentLaunch);
+}
+
+namespace {
+TopkPlan topk_path(const LogitsProblem& p, int64_t k, const DeviceInfo& d, const LogitsOverrides& ov, Backend backend) {
   auto pools = [&]() -> std::optional<TopkPlan> {
     auto plan = plan_topk_pools(p, k, d, ov);
     if (!plan) return std::nullopt;
@@ -613,6 +635,14 @@ TopkPlan select_topk_path(const LogitsProblem& p, int64_t k, const DeviceInfo& d
   TopkPlan sel = logits_then_select(p, k, d, ov, backend, "the default");
   sel.note = note;
   return sel;
+}
+}  // namespace
+
+TopkPlan select_topk_path(const LogitsProblem& p, int64_t k, const DeviceInfo& d, const LogitsOverrides& ov,
+                          Backend backend) {
+  TopkPlan t = topk_path(p, k, d, ov, backend);
+  t.dependent_launch = dependent_launch(d, ov);
+  return t;
 }
 
 }  // namespace qhead::cuda_plan

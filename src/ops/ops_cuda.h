@@ -44,5 +44,7 @@ cuda_plan::LogitsPlan run_logits(const Table& table, const TensorView& x, const 
 cuda_plan::TopkPlan run_topk(const Table& table, const TensorView& x, int64_t k, const TensorView& values,
                              const TensorView& ids, const TensorView& lse, Backend backend,
                              const cuda_plan::LogitsOverrides& ov);
+void run_sample(const Table& table, const TensorView& x, const SampleParams& params, const TensorView& ids,
+                Backend backend, const cuda_plan::LogitsOverrides& ov);
 
 }  // namespace qhead::cuda_ops

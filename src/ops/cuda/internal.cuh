@@ -116,21 +116,24 @@ void logits_into(const Table& table, const TensorView& x, const cuda_plan::Logit
                  const cuda_plan::LogitsPlan& plan, float* out, int64_t ldo);
 
 // ---- topk_select.cu ----------------------------------------------------------------------
+// `dependent` (TopkPlan::dependent_launch): each selection kernel launched as a
+// programmatic dependent of the kernel before it (cuda/pdl.cuh).
+//
 // Level-0 candidates cand[M, P0, k] and partial sums part[M, P0] → the top-k
 // values, ids and lse: selection levels of kSlice entries per block until one
 // block per row holds them all, then the final level.
 void merge_topk(const uint64_t* cand, const float2* part, int P0, int64_t M, int64_t k, float* values, int* ids,
-                float* lse);
+                float* lse, bool dependent);
 // The top-k of logits l [M, V] (row stride V): first-level slice selection
 // (select_blocks per row, quarter slices when select_small) and merge_topk.
 void select_from_logits(const float* l, int64_t M, int64_t V, int64_t k, int select_blocks, bool select_small,
-                        float* values, int* ids, float* lse);
+                        float* values, int* ids, float* lse, bool dependent);
 
 // The top-k of logits l [M, V] (row stride V) from the staged GEMV's tile summaries part
 // [M, ceil(V / rows)] (kTileSelect): one block per row, smem_bytes of dynamic shared memory
 // (TopkPlan::tile_smem).
 void select_from_tiles(const float* l, const float2* part, int64_t M, int64_t V, int rows, int64_t k, int smem_bytes,
-                       float* values, int* ids, float* lse);
+                       float* values, int* ids, float* lse, bool dependent);
 
 // ---- topk_lists.cu -----------------------------------------------------------------------
 // thr[m] = a lower bound of row m's k-th largest logit of the sample logits [M, n] (n <= kSlice).

@@ -79,7 +79,7 @@ void topk_pools(const Table& table, const TensorView& x, const LogitsProblem& pr
   a.tk_cand = reinterpret_cast<uint64_t*>(w);
   a.tk_part = reinterpret_cast<float2*>(w + cand);
   launch(problem, a, lp);
-  merge_topk(a.tk_cand, a.tk_part, lp.grid, problem.M, k, values, ids, lse);
+  merge_topk(a.tk_cand, a.tk_part, lp.grid, problem.M, k, values, ids, lse, plan.dependent_launch);
 }
 
 // kLists: the sample's logits give each row's threshold; the main pass writes
@@ -209,7 +209,7 @@ TopkPlan run_topk(const Table& table, const TensorView& x, int64_t k, const Tens
       const int64_t V = problem.V;
       float* l = static_cast<float*>(workspace(kWsLogits, size_t(problem.M * V) * sizeof(float)));
       logits_into(table, x, problem, plan.main, l, V);
-      select_from_logits(l, problem.M, V, k, plan.select_blocks, plan.select_small, ov_, oi, ol);
+      select_from_logits(l, problem.M, V, k, plan.select_blocks, plan.select_small, ov_, oi, ol, plan.dependent_launch);
       break;
     }
     case TopkPath::kTileSelect: {
@@ -223,7 +223,8 @@ TopkPlan run_topk(const Table& table, const TensorView& x, int64_t k, const Tens
       a.tile_part = reinterpret_cast<float2*>(w + lbytes);
       a.tile_ld = tiles;
       launch(problem, a, plan.main);
-      select_from_tiles(l, a.tile_part, problem.M, V, plan.tile_rows, k, plan.tile_smem, ov_, oi, ol);
+      select_from_tiles(l, a.tile_part, problem.M, V, plan.tile_rows, k, plan.tile_smem, ov_, oi, ol,
+                        plan.dependent_launch);
       break;
     }
   }

@@ -20,6 +20,7 @@
 #include <cub/device/device_radix_sort.cuh>
 #include <cub/device/device_segmented_radix_sort.cuh>
 
+#include "cuda/pdl.cuh"
 #include "ops/cuda/internal.cuh"
 #include "ops/ops_cuda.h"
 #include "ops/sample.h"
@@ -77,6 +78,7 @@ __device__ __forceinline__ void block_best(float& v, int& i) {
 __global__ void gumbel_slices_kernel(const float* __restrict__ l, int64_t V, float inv_t, uint64_t seed,
                                      uint64_t offset, float* __restrict__ pv, int* __restrict__ pi) {
   const int m = blockIdx.y, P = gridDim.x;
+  pdl_wait();  // when launched as a dependent of the logits kernel
   const int64_t c0 = int64_t(blockIdx.x) * kSliceCols, c1 = min(V, c0 + kSliceCols);
   const float* row = l + int64_t(m) * V;
   float bv = -INFINITY;
@@ -101,6 +103,7 @@ __global__ void gumbel_slices_kernel(const float* __restrict__ l, int64_t V, flo
 __global__ void gumbel_rows_kernel(const float* __restrict__ pv, const int* __restrict__ pi, int P,
                                    int* __restrict__ ids) {
   const int m = blockIdx.x;
+  pdl_wait();  // when launched as a dependent of gumbel_slices_kernel
   float bv = -INFINITY;
   int bi = -1;
   for (int b = threadIdx.x; b < P; b += kThreads)
@@ -189,6 +192,7 @@ __global__ void draw_kernel(const float* __restrict__ z, const int* __restrict__
                             int M, int64_t K, bool whole, sampling::Cut cut, uint64_t seed, uint64_t offset,
                             int* __restrict__ ids, int* __restrict__ pending) {
   extern __shared__ double draw_w[];
+  pdl_wait();  // when launched as a dependent of the top-k or selection that wrote z, cid and lse
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   const int m = blockIdx.x * kDrawWarps + warp;
   if (m >= M) return;  // whole warps leave: the draw synchronizes within its warp only
@@ -307,9 +311,10 @@ __global__ void __launch_bounds__(kRowThreads) draw_rows_kernel(
 }
 
 // The logits of the call's plan into the workspace.
-float* logits_ws(const Table& table, const TensorView& x, const LogitsProblem& problem, Backend backend) {
+float* logits_ws(const Table& table, const TensorView& x, const LogitsProblem& problem, Backend backend,
+                 const cuda_plan::LogitsOverrides& ov) {
   float* l = static_cast<float*>(workspace(kWsLogits, size_t(problem.M * problem.V) * sizeof(float)));
-  const LogitsPlan plan = cuda_plan::select_logits_kernel(problem, device_info(), cuda_plan::env_overrides(),
+  const LogitsPlan plan = cuda_plan::select_logits_kernel(problem, device_info(), ov,
                                                           backend == Backend::kReference ? Backend::kAuto : backend);
   logits_into(table, x, problem, plan, l, problem.V);
   return l;
@@ -320,10 +325,11 @@ float* logits_ws(const Table& table, const TensorView& x, const LogitsProblem& p
 // orders -0 and +0 as equal, so ties keep the lower id first), then
 // draw_rows_kernel over the first K tokens of each.
 void draw_whole_rows(const Table& table, const TensorView& x, const LogitsProblem& problem, Backend backend,
-                     float inv_t, int64_t K, const SampleParams& p, const std::vector<int>& rows, int* ids) {
+                     const cuda_plan::LogitsOverrides& ov, float inv_t, int64_t K, const SampleParams& p,
+                     const std::vector<int>& rows, int* ids) {
   cudaStream_t s = current_stream();
   const int64_t M = problem.M, V = problem.V;
-  float* l = logits_ws(table, x, problem, backend);
+  float* l = logits_ws(table, x, problem, backend, ov);
   if (inv_t != 1.0f) {
     scale_kernel<<<std::min(blocks_for(M * V, kThreads), 4096), kThreads, 0, s>>>(l, M * V, inv_t);
     QHEAD_CUDA_CHECK_LAUNCH("scale_kernel");
@@ -397,7 +403,8 @@ void draw_whole_rows(const Table& table, const TensorView& x, const LogitsProble
 
 }  // namespace
 
-void sample(const Table& table, const TensorView& x, const SampleParams& p, const TensorView& ids, Backend backend) {
+void run_sample(const Table& table, const TensorView& x, const SampleParams& p, const TensorView& ids, Backend backend,
+                const cuda_plan::LogitsOverrides& ov) {
   check_act(x, "sample");
   const LogitsProblem problem = logits_problem(table, x);
   const int64_t M = problem.M, V = problem.V;
@@ -410,21 +417,23 @@ void sample(const Table& table, const TensorView& x, const SampleParams& p, cons
     char* ws = static_cast<char*>(workspace(kWsSample, size_t(M) * 8));
     const TensorView vals(ws, DType::kF32, {M, 1}, Device::kCUDA), lse(ws + M * 4, DType::kF32, {M}, Device::kCUDA);
     run_topk(table, x, 1, vals, TensorView(out, DType::kI32, {M, 1}, Device::kCUDA), lse, b,
-             cuda_plan::env_overrides());
+             ov);
     return;
   }
   const float inv_t = 1.0f / p.temperature;
+  // The kernels after the logits or the top-k as their programmatic dependents (cuda/pdl.cuh).
+  const bool dep = cuda_plan::dependent_launch(device_info(), ov);
 
   if (!sampling::truncated(p)) {
-    const float* l = logits_ws(table, x, problem, b);
+    const float* l = logits_ws(table, x, problem, b, ov);
     const int P = int((V + kSliceCols - 1) / kSliceCols);
     char* ws = static_cast<char*>(workspace(kWsSample, size_t(M) * P * 8));
     float* pv = reinterpret_cast<float*>(ws);
     int* pi = reinterpret_cast<int*>(ws + size_t(M) * P * 4);
-    gumbel_slices_kernel<<<dim3(unsigned(P), unsigned(M)), kThreads, 0, s>>>(l, V, inv_t, p.seed, p.offset, pv, pi);
-    QHEAD_CUDA_CHECK_LAUNCH("gumbel_slices_kernel");
-    gumbel_rows_kernel<<<unsigned(M), kThreads, 0, s>>>(pv, pi, P, out);
-    QHEAD_CUDA_CHECK_LAUNCH("gumbel_rows_kernel");
+    launch_kernel(dep, "gumbel_slices_kernel", gumbel_slices_kernel, dim3(unsigned(P), unsigned(M)), dim3(kThreads), 0,
+                  s, l, V, inv_t, p.seed, p.offset, pv, pi);
+    launch_kernel(dep, "gumbel_rows_kernel", gumbel_rows_kernel, dim3(unsigned(M)), dim3(kThreads), 0, s,
+                  static_cast<const float*>(pv), static_cast<const int*>(pi), P, out);
     return;
   }
 
@@ -432,7 +441,7 @@ void sample(const Table& table, const TensorView& x, const SampleParams& p, cons
   if (K > cuda_plan::kTopkMaxK) {  // more candidates than the GPU top-k takes: every row sorted
     std::vector<int> all(static_cast<size_t>(M));
     for (int64_t i = 0; i < M; ++i) all[static_cast<size_t>(i)] = int(i);
-    draw_whole_rows(table, x, problem, b, inv_t, K, p, all, out);
+    draw_whole_rows(table, x, problem, b, ov, inv_t, K, p, all, out);
     return;
   }
   const size_t nk = size_t(M) * size_t(K);
@@ -444,21 +453,21 @@ void sample(const Table& table, const TensorView& x, const SampleParams& p, cons
   const TensorView zv(z, DType::kF32, {M, K}, Device::kCUDA), iv(cid, DType::kI32, {M, K}, Device::kCUDA),
       lv(lse, DType::kF32, {M}, Device::kCUDA);
   if (inv_t == 1.0f) {
-    run_topk(table, x, K, zv, iv, lv, b, cuda_plan::env_overrides());
+    run_topk(table, x, K, zv, iv, lv, b, ov);
   } else {
-    float* lw = logits_ws(table, x, problem, b);
+    float* lw = logits_ws(table, x, problem, b, ov);
     scale_kernel<<<std::min(blocks_for(M * V, kThreads), 4096), kThreads, 0, s>>>(lw, M * V, inv_t);
     QHEAD_CUDA_CHECK_LAUNCH("scale_kernel");
-    cuda_plan::LogitsOverrides ov = cuda_plan::env_overrides();
-    ov.topk_path = TopkPath::kLogitsThenSelect;
-    const TopkPlan tp = cuda_plan::select_topk_path(problem, K, device_info(), ov, b);
-    select_from_logits(lw, M, V, K, tp.select_blocks, tp.select_small, z, cid, lse);
+    cuda_plan::LogitsOverrides sel = ov;
+    sel.topk_path = TopkPath::kLogitsThenSelect;
+    const TopkPlan tp = cuda_plan::select_topk_path(problem, K, device_info(), sel, b);
+    select_from_logits(lw, M, V, K, tp.select_blocks, tp.select_small, z, cid, lse, tp.dependent_launch);
   }
   const bool whole = p.top_k > 0 || K == V;
   const size_t draw_bytes = size_t(kDrawWarps) * draw_slots(K) * sizeof(double);  // <= 33 KB: K <= 1024
-  draw_kernel<<<blocks_for(M, kDrawWarps), kDrawWarps * 32, draw_bytes, s>>>(
-      z, cid, lse, int(M), K, whole, sampling::cut_of(p), p.seed, p.offset, out, pending);
-  QHEAD_CUDA_CHECK_LAUNCH("draw_kernel");
+  launch_kernel(dep, "draw_kernel", draw_kernel, dim3(unsigned(blocks_for(M, kDrawWarps))), dim3(kDrawWarps * 32),
+                draw_bytes, s, static_cast<const float*>(z), static_cast<const int*>(cid), static_cast<const float*>(lse),
+                int(M), K, whole, sampling::cut_of(p), p.seed, p.offset, out, pending);
   if (whole) return;
   // Without top_k, a row's top-p or min-p cut may lie past the candidates.
   std::vector<int> hp(static_cast<size_t>(M)), rows;
@@ -467,7 +476,11 @@ void sample(const Table& table, const TensorView& x, const SampleParams& p, cons
   for (int64_t i = 0; i < M; ++i)
     if (hp[static_cast<size_t>(i)] != 0) rows.push_back(int(i));
   if (rows.empty()) return;
-  draw_whole_rows(table, x, problem, b, inv_t, V, p, rows, out);
+  draw_whole_rows(table, x, problem, b, ov, inv_t, V, p, rows, out);
+}
+
+void sample(const Table& table, const TensorView& x, const SampleParams& p, const TensorView& ids, Backend backend) {
+  run_sample(table, x, p, ids, backend, cuda_plan::env_overrides());
 }
 
 }  // namespace qhead::cuda_ops

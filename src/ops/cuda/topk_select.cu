@@ -1,6 +1,7 @@
 // The selection levels of the CUDA top-k: per-slice (or per-row) blocks
 // that keep the best k entries and the (max, Σ exp) of their logits, and the
 // merge of the levels into the top-k and lse.
+#include "cuda/pdl.cuh"
 #include "ops/cuda/select.cuh"
 
 namespace qhead::cuda_ops {
@@ -25,6 +26,7 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectAr
   extern __shared__ __align__(16) unsigned char sel_items[];
   In* items = reinterpret_cast<In*>(sel_items);  // item i = j·T + thread
   const int p = blockIdx.x, m = blockIdx.y, P = gridDim.x;
+  pdl_wait();  // when launched as a dependent of the kernel that wrote `in`
   const int64_t b = int64_t(p) * SLICE;
   const int cnt = int(a.n - b < SLICE ? a.n - b : SLICE);
   const In* in = static_cast<const In*>(a.in) + int64_t(m) * a.n + b;
@@ -103,12 +105,11 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectAr
 }
 
 template <class In, int PER = kSelPer>
-void launch_select(dim3 grid, const SelectArgs& a, cudaStream_t s) {
+void launch_select(dim3 grid, const SelectArgs& a, cudaStream_t s, bool dependent) {
   constexpr auto kernel = topk_select_kernel<In, PER>;
   constexpr int bytes = select_smem_bytes<In, PER>();
   allow_dynamic_smem<kernel>(bytes);
-  kernel<<<grid, kSelThreads, bytes, s>>>(a);
-  QHEAD_CUDA_CHECK_LAUNCH("topk_select_kernel");
+  launch_kernel(dependent, "topk_select_kernel", kernel, grid, dim3(kSelThreads), bytes, s, a);
 }
 
 // ---- tile select ---------------------------------------------------------------------
@@ -156,6 +157,7 @@ __global__ void __launch_bounds__(cuda_plan::kTileThreads) topk_tile_select_kern
   extern __shared__ __align__(16) unsigned char tile_smem[];
   float* tmax = reinterpret_cast<float*>(tile_smem);  // [tiles], then kTileHotCap candidate entries
   const int m = blockIdx.x, tid = int(threadIdx.x), lane = tid & 31, w = tid >> 5;
+  pdl_wait();  // when launched as a dependent of the GEMV that wrote the logits and summaries
   const float2* pr = a.part + int64_t(m) * a.tiles;
   const float* lrow = a.logits + int64_t(m) * a.ldo;
 
@@ -269,7 +271,7 @@ __global__ void __launch_bounds__(cuda_plan::kTileThreads) topk_tile_select_kern
 }  // namespace
 
 void select_from_tiles(const float* l, const float2* part, int64_t M, int64_t V, int rows, int64_t k, int smem_bytes,
-                       float* values, int* ids, float* lse) {
+                       float* values, int* ids, float* lse, bool dependent) {
   if (rows != kTileRows) fail("topk", "tile select takes 16-row tile summaries, got " + std::to_string(rows));
   cudaStream_t s = current_stream();
   TileSelectArgs a;
@@ -293,15 +295,15 @@ void select_from_tiles(const float* l, const float2* part, int64_t M, int64_t V,
     fail("topk", "tile select: " + std::to_string(smem_bytes) + " bytes of shared memory asked, " +
                      std::to_string(most) + " available");
   allow_dynamic_smem<topk_tile_select_kernel>(most);
-  topk_tile_select_kernel<<<unsigned(M), cuda_plan::kTileThreads, smem_bytes, s>>>(a);
-  QHEAD_CUDA_CHECK_LAUNCH("topk_tile_select_kernel");
+  launch_kernel(dependent, "topk_tile_select_kernel", topk_tile_select_kernel, dim3(unsigned(M)),
+                dim3(cuda_plan::kTileThreads), size_t(smem_bytes), s, a);
 }
 
 // Level-0 candidates cand[M, P0, k] and partial sums part[M, P0] → the top-k
 // and lse: selection levels of kSlice entries per block until one block per
 // row holds them all, then the final level.
 void merge_topk(const uint64_t* cand, const float2* part, int P0, int64_t M, int64_t k, float* values, int* ids,
-                float* lse) {
+                float* lse, bool dependent) {
   cudaStream_t s = current_stream();
   int64_t n = int64_t(P0) * k;  // entries per row
   uint64_t* buf[2] = {nullptr, nullptr};
@@ -318,7 +320,7 @@ void merge_topk(const uint64_t* cand, const float2* part, int P0, int64_t M, int
     const int64_t P = (n + kSlice - 1) / kSlice;
     a.n = n;
     a.cand = buf[level & 1];
-    launch_select<uint64_t>(dim3(unsigned(P), unsigned(M)), a, s);
+    launch_select<uint64_t>(dim3(unsigned(P), unsigned(M)), a, s, dependent);
     a.in = a.cand;
     n = P * k;
   }
@@ -334,12 +336,12 @@ void merge_topk(const uint64_t* cand, const float2* part, int P0, int64_t M, int
   // slots made each pass twice as long as needed (final block 9.0 -> 7.1 us on the H200 with
   // the rank sort); 25 fits the 6400 of a 262144 vocab.
   const dim3 one(1u, unsigned(M));
-  if (n <= kSelThreads * 16) launch_select<uint64_t, 16>(one, a, s);
-  else if (n <= kSelThreads * 25) launch_select<uint64_t, 25>(one, a, s);
-  else launch_select<uint64_t>(one, a, s);
+  if (n <= kSelThreads * 16) launch_select<uint64_t, 16>(one, a, s, dependent);
+  else if (n <= kSelThreads * 25) launch_select<uint64_t, 25>(one, a, s, dependent);
+  else launch_select<uint64_t>(one, a, s, dependent);
 }
 void select_from_logits(const float* l, int64_t M, int64_t V, int64_t k, int select_blocks, bool select_small,
-                        float* values, int* ids, float* lse) {
+                        float* values, int* ids, float* lse, bool dependent) {
   cudaStream_t s = current_stream();
   const int P = select_blocks;
   char* ws = static_cast<char*>(workspace(kWsTopkCandidates, size_t(M) * P * (size_t(k) + 1) * 8));
@@ -349,9 +351,9 @@ void select_from_logits(const float* l, int64_t M, int64_t V, int64_t k, int sel
   sa.k = int(k);
   sa.cand = reinterpret_cast<uint64_t*>(ws);
   sa.part = reinterpret_cast<float2*>(sa.cand + M * P * k);
-  if (select_small) launch_select<float, kSelPer / 4>(dim3(unsigned(P), unsigned(M)), sa, s);
-  else launch_select<float>(dim3(unsigned(P), unsigned(M)), sa, s);
-  merge_topk(sa.cand, sa.part, P, M, k, values, ids, lse);
+  if (select_small) launch_select<float, kSelPer / 4>(dim3(unsigned(P), unsigned(M)), sa, s, dependent);
+  else launch_select<float>(dim3(unsigned(P), unsigned(M)), sa, s, dependent);
+  merge_topk(sa.cand, sa.part, P, M, k, values, ids, lse, dependent);
 }
 
 }  // namespace qhead::cuda_ops
