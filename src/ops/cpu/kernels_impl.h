@@ -522,9 +522,10 @@ void logits_block(const PackedArgs& a, const float* xp, int64_t m, int64_t r0, i
 //              (pairs of those into int32), on every AVX2 / AVX-512BW CPU.
 //              4-bit codes are < 16, so a pair sum is at most 2·15·127 = 3810:
 //              no saturation; a chunk's low- and high-nibble pair sums are
-//              added in int16 (at most 7620) before the one vpmaddwd. 8-bit codes are split into nibbles,
-//              c = 16·hi + lo, each nibble's pairs summed as above and the
-//              high ones weighted by 16 in vpmaddwd (int32, exact).
+//              added in int16 (at most 7620) before the one vpmaddwd.
+//              8-bit codes are split into nibbles, c = 16·hi + lo, each
+//              nibble's pairs summed as above and the high ones weighted by
+//              16 in vpmaddwd (int32, exact).
 // The VNNI instructions are enabled per function (target attribute), not
 // for the TU: the other kernels of this file must still run on CPUs
 // without VNNI. Everything an int8 kernel calls is inlined into it.
