@@ -327,6 +327,10 @@ int run_bench(const BenchArgs& a) {
     if (a.device != "cuda") bad("--act is for --device cuda (the CPU bench takes f32 activations)");
     cfg.act = a.act;
   }
+  if (a.plan_env) {
+    if (a.device != "cuda") bad("--plan-env is for --device cuda (the QHEAD_CUDA_* kernel-plan overrides)");
+    cfg.plan_env = true;
+  }
   if (!a.isa.empty()) {
     if (a.device != "cpu") bad("--isa is for --device cpu");
     cfg.isa = a.isa;

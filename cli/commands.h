@@ -78,6 +78,7 @@ struct BenchArgs {
   int tp = 0;                        // > 0: the vocab-parallel head over this many GPUs (cmd_tp.cc)
   std::string act;                   // CUDA: f16 (default) | bf16
   std::string isa;                   // CPU: auto (default) | avx2 | avx512 | reference
+  bool plan_env = false;             // CUDA: the rows' plans take the QHEAD_CUDA_* environment overrides
   std::string command;               // the command line, as the JSON rows record it
 };
 int run_bench(const BenchArgs& a);

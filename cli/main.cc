@@ -146,6 +146,10 @@ int run(int argc, char** argv) {
                     "CPU: the kernels' ISA path, auto (default: the best this CPU has) | avx2 | avx512 | reference")
       ->check(CLI::IsMember({"auto", "avx2", "avx512", "reference"}));
   bench->add_flag("--json", ba.json, "a JSON array, one object per (shape, scheme, m, path)");
+  bench->add_flag("--plan-env", ba.plan_env,
+                  "CUDA: every row's kernel plan takes the QHEAD_CUDA_* overrides of the environment (an A/B of a "
+                  "switch in one binary; the rows' notes name the plan); without it the rows take the plan's own "
+                  "choice and the environment is ignored");
   bench->add_option("--tp", ba.tp,
                     "CUDA: shard the table by vocab rows over N GPUs (one process each, NCCL) and time the sharded "
                     "top-k step against one GPU (default shape 262144x2560 w4g128, M = 1)")

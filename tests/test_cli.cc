@@ -215,6 +215,7 @@ TEST_F(Cli, BadValuesExitTwo) {
            {"bench --shape 64x64,12y3", "'12y3'"},
            {"bench --tp 0", "--tp"},
            {"bench --device tpu", "--device"},
+           {"bench --plan-env --shape 64x64", "--plan-env is for --device cuda"},
            {"tp-run -n 0 -- true", "-n"},
            {"tp-run -n 1 --timeout -1 -- true", "--timeout"},
            {"tp-run -n 1 --devices 0,-1 -- true", "--devices"},

@@ -743,12 +743,12 @@ TEST(Cuda, ConcurrentCallsFromSeveralThreads) {
 }
 
 #if defined(QHEAD_HAS_CUDA)
-// The staged GEMV's stages issued before its activations are built, and the
-// kernels after the logits launched as programmatic dependents (both off by
-// default, cuda/plan.h), give the default path's bytes: eagerly, and captured
-// into a CUDA graph (which keeps the programmatic edges) and replayed from
-// poisoned outputs. Logits, top-k (logits then selection at M = 1, 3; tile
-// select at 12), sample over the whole vocabulary and with top_k.
+// The kernels after the logits launched as programmatic dependents (the
+// default on sm_90, cuda/plan.h) give the bytes of plain launches: eagerly,
+// and captured into a CUDA graph (which keeps the programmatic edges) and
+// replayed from poisoned outputs. Logits, top-k (logits then selection at
+// M = 1, 3; tile select at 12, 16), sample over the whole vocabulary and with
+// top_k.
 struct Shape2 {
   DType t;
   Shape s;
@@ -758,7 +758,7 @@ bool all_finite(const TensorView& v) {
   return std::all_of(p, p + v.numel(), [](float f) { return std::isfinite(f); });
 }
 
-TEST(Cuda, SwitchesAndGraphReplayKeepTheBytes) {
+TEST(Cuda, DependentLaunchAndGraphReplayKeepTheBytes) {
   SKIP_WITHOUT_GPU();
   auto ok = [](cudaError_t e) {
     if (e != cudaSuccess) throw std::runtime_error(std::string("CUDA: ") + cudaGetErrorString(e));
@@ -771,9 +771,9 @@ TEST(Cuda, SwitchesAndGraphReplayKeepTheBytes) {
   cut.top_k = K;
   cut.seed = 12;
   cut.offset = 3;
-  cuda_plan::LogitsOverrides on;
-  on.stages_before_x = true;
-  on.dependent_launch = true;
+  cuda_plan::LogitsOverrides plain, dependent;
+  plain.dependent_launch = false;
+  dependent.dependent_launch = true;
   struct Shape {
     int64_t V, H;
     const char* scheme;
@@ -803,14 +803,14 @@ TEST(Cuda, SwitchesAndGraphReplayKeepTheBytes) {
           ok(cudaMemcpyAsync(out[j].data(), poison[j].data(), out[j].nbytes(), cudaMemcpyDeviceToDevice,
                              static_cast<cudaStream_t>(s)));
       };
-      calls({});  // the default path; also sizes the workspaces
+      calls(plain);  // plain launches, the reference; also sizes the workspaces
       std::array<Tensor, 6> want;
       for (size_t j = 0; j < out.size(); ++j) want[j] = download(out[j]);
       EXPECT_TRUE(all_finite(want[0].view())) << "logits";
       for (int64_t m = 0; m < M; ++m)
         for (size_t j : {size_t(4), size_t(5)}) ASSERT_LT(uint32_t(want[j].ptr<int32_t>()[m]), uint32_t(sh.V));
-      for (const cuda_plan::LogitsOverrides& ov : {cuda_plan::LogitsOverrides{}, on}) {
-        const std::string which = ov.dependent_launch ? "switches on" : "default";
+      for (const cuda_plan::LogitsOverrides& ov : {plain, dependent, cuda_plan::LogitsOverrides{}}) {
+        const std::string which = !ov.dependent_launch ? "default" : *ov.dependent_launch ? "dependent" : "plain";
         repoison(cuda::stream());
         calls(ov);
         for (size_t j = 0; j < out.size(); ++j)

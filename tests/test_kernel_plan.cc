@@ -173,38 +173,28 @@ TEST(KernelPlan, OverridesForceAKernelOrSayWhyNot) {
   EXPECT_TRUE(pick(problem(4, 64, 151936, 1024, 1), DeviceInfo::h200(), Backend::kAuto, x).x_prebuilt);
 }
 
-// The two switches that are off until the GPU measures them: the staged
-// GEMV's stages issued before its activations are built, and the kernels
-// after the logits launched as programmatic dependents (sm_90 only).
-TEST(KernelPlan, StagesBeforeXAndDependentLaunchFollowTheOverrides) {
+// The kernels after the logits launched as programmatic dependents: on by
+// default on sm_90, never below it, off through the override.
+TEST(KernelPlan, DependentLaunchFollowsTheDeviceAndTheOverride) {
   const LogitsProblem p1 = problem(4, 64, 151936, 1024, 1), p12 = problem(4, 64, 151936, 1024, 12);
-  const LogitsPlan off = pick(p1, DeviceInfo::h200(), Backend::kAuto);
-  ASSERT_EQ(off.kernel, LogitsKernel::kGemvStaged);
-  EXPECT_FALSE(off.stages_before_x);
-  EXPECT_EQ(off.describe().find("stages_before_x"), std::string::npos) << off.describe();
-  LogitsOverrides ov;
-  ov.stages_before_x = true;
-  ASSERT_TRUE(pick(problem(8, 128, 262144, 2560, 16)).x_prebuilt);
-  for (const LogitsProblem& p : {p1, p12, problem(8, 128, 262144, 2560, 16)}) {  // CTA-built and prebuilt x
-    const LogitsPlan on = pick(p, DeviceInfo::h200(), Backend::kAuto, ov);
-    ASSERT_EQ(on.kernel, LogitsKernel::kGemvStaged) << p.describe();
-    EXPECT_TRUE(on.stages_before_x) << p.describe();
-    EXPECT_NE(on.describe().find("stages_before_x"), std::string::npos) << on.describe();
-  }
-  // Only the staged GEMV has the switch.
-  EXPECT_FALSE(pick(problem(4, 64, 151936, 1024, 256), DeviceInfo::h200(), Backend::kAuto, ov).stages_before_x);
-
-  EXPECT_FALSE(select_topk_path(p1, 50, DeviceInfo::h200(), {}, Backend::kAuto).dependent_launch);
-  EXPECT_FALSE(dependent_launch(DeviceInfo::h200(), {}));
-  LogitsOverrides dep;
+  EXPECT_TRUE(dependent_launch(DeviceInfo::h200(), {}));
+  EXPECT_FALSE(dependent_launch(sm80(), {}));  // programmatic dependent launch needs sm_90
+  LogitsOverrides dep, plain;
   dep.dependent_launch = true;
+  plain.dependent_launch = false;
   EXPECT_TRUE(dependent_launch(DeviceInfo::h200(), dep));
-  EXPECT_FALSE(dependent_launch(sm80(), dep));  // programmatic dependent launch needs sm_90
+  EXPECT_FALSE(dependent_launch(sm80(), dep));
+  EXPECT_FALSE(dependent_launch(DeviceInfo::h200(), plain));
   for (const LogitsProblem& p : {p1, p12, problem(4, 64, 151936, 1024, 256)}) {  // every top-k path carries it
-    const TopkPlan t = select_topk_path(p, 50, DeviceInfo::h200(), dep, Backend::kAuto);
-    EXPECT_TRUE(t.dependent_launch) << t.describe();
-    EXPECT_NE(t.describe().find("dependent launches"), std::string::npos) << t.describe();
-    EXPECT_FALSE(select_topk_path(p, 50, sm80(), dep, Backend::kAuto).dependent_launch);
+    for (const LogitsOverrides& ov : {LogitsOverrides{}, dep}) {
+      const TopkPlan t = select_topk_path(p, 50, DeviceInfo::h200(), ov, Backend::kAuto);
+      EXPECT_TRUE(t.dependent_launch) << t.describe();
+      EXPECT_NE(t.describe().find("dependent launches"), std::string::npos) << t.describe();
+    }
+    const TopkPlan off = select_topk_path(p, 50, DeviceInfo::h200(), plain, Backend::kAuto);
+    EXPECT_FALSE(off.dependent_launch) << off.describe();
+    EXPECT_EQ(off.describe().find("dependent launches"), std::string::npos) << off.describe();
+    EXPECT_FALSE(select_topk_path(p, 50, sm80(), {}, Backend::kAuto).dependent_launch);
   }
 }
 
@@ -235,7 +225,7 @@ TEST(KernelPlan, EnvironmentOverridesAreValidated) {
     ScopedEnv e("QHEAD_CUDA_TOPK_PATH", "pools");
     EXPECT_THROW((void)LogitsOverrides::from_env(), Error);
   }
-  for (const char* name : {"QHEAD_CUDA_STAGES_BEFORE_X", "QHEAD_CUDA_DEPENDENT_LAUNCH"})
+  for (const char* name : {"QHEAD_CUDA_DEPENDENT_LAUNCH"})
     for (const char* bad : {"yes", "2", "on", " 1"}) {
       ScopedEnv e(name, bad);
       try {
@@ -246,14 +236,10 @@ TEST(KernelPlan, EnvironmentOverridesAreValidated) {
         EXPECT_NE(std::string(err.what()).find(name), std::string::npos) << err.what();
       }
     }
-  {
-    ScopedEnv a("QHEAD_CUDA_STAGES_BEFORE_X", "1");
-    ScopedEnv b("QHEAD_CUDA_DEPENDENT_LAUNCH", "0");
-    const LogitsOverrides f = LogitsOverrides::from_env();
-    EXPECT_EQ(f.stages_before_x, true);
-    EXPECT_EQ(f.dependent_launch, false);
+  for (const char* v : {"0", "1"}) {
+    ScopedEnv b("QHEAD_CUDA_DEPENDENT_LAUNCH", v);
+    EXPECT_EQ(LogitsOverrides::from_env().dependent_launch, v[0] == '1');
   }
-  EXPECT_FALSE(LogitsOverrides::from_env().stages_before_x.has_value());
   EXPECT_FALSE(LogitsOverrides::from_env().dependent_launch.has_value());
   ScopedEnv k("QHEAD_CUDA_LOGITS_KERNEL", "gemm_mma_sync");
   ScopedEnv t("QHEAD_CUDA_TOPK_PATH", "lists");

@@ -66,8 +66,6 @@ struct LogitsArgs {
   int64_t tile_ld = 0;
   int st_spg = 1;               // staged / GEMM kernel, groups longer than a stage: stages per group
                                 // (the launcher sets it from LogitsPlan::stages_per_group)
-  bool stages_before_x = false; // staged GEMV: issue the first ring stages before the activations are
-                                // built (LogitsPlan::stages_before_x)
 };
 
 }  // namespace qhead::cuda_detail

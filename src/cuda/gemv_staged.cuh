@@ -87,6 +87,46 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
   const int wbytes = staged_warp_bytes(BITS, C, RT, NS, ASYM, a.groups, sbytes);
   unsigned char* bsm = st_smem;
   unsigned char* wsm = st_smem + xs + wic * wbytes;
+  if (a.x_stage) {
+    // Prebuilt (staged_x_kernel): a flat copy, all of it in flight at once.
+    const char* xg = static_cast<const char*>(a.x_stage);
+    const uint32_t xb = smem_u32(bsm);
+    for (int f = threadIdx.x; f < xs / 16; f += blockDim.x) cp_async<16>(xb + f * 16, xg + f * 16, 16);
+    cp_async_commit();
+    cp_async_wait<0>();
+  } else {
+    const T* x = static_cast<const T*>(a.x);
+    if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+      // 16 bytes per unit, eight units' loads in flight per thread.
+      const int qs = a.H / 32, nu = a.M * qs * 4, colb = staged_col_bytes(a.H);
+      const unsigned char* xb = static_cast<const unsigned char*>(a.x);
+      for (int u0 = 0; u0 < nu; u0 += 8 * int(blockDim.x)) {
+        uint4 w[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int u = u0 + i * int(blockDim.x) + int(threadIdx.x);
+          if (u < nu) w[i] = staged_x_unit_load<BITS>(xb + int64_t(u / (qs * 4)) * a.H * 2, (u >> 2) % qs, u & 3);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int u = u0 + i * int(blockDim.x) + int(threadIdx.x);
+          if (u < nu)
+            *reinterpret_cast<uint4*>(bsm + (u / (qs * 4)) * colb + (((u >> 2) % qs) * 4 + (u & 3)) * 16) =
+                staged_x_unit_order<BITS>(w[i]);
+        }
+      }
+    } else {
+      for (int f = threadIdx.x; f < a.M * a.H / 4; f += blockDim.x) staged_x_fragment<BITS>(x, a.H, f, bsm);
+    }
+    for (int f = threadIdx.x; f < staged_zero_bytes(BITS, C) / 16; f += blockDim.x)
+      reinterpret_cast<uint4*>(bsm + a.M * staged_col_bytes(a.H))[f] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  TopkAll<RT> tk;
+  if constexpr (TOPK) tk.init(a, st_smem + xs + kWarps * wbytes);
+  cta_sync();
+  if constexpr (!TOPK) {
+    if (my_tiles == 0) return;
+  }
   const uint32_t code_s = smem_u32(wsm);
   unsigned char* sbuf0 = wsm + NS * STAGE;
   unsigned char* zbuf0 = sbuf0 + 2 * sblk;
@@ -145,64 +185,9 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
     cp_async_commit();
     ++issued;
   };
-  auto issue_first = [&]() {
 #pragma unroll
-    for (int d = 0; d < NS - 1; ++d) issue(d);
-  };
-  // a.stages_before_x (uniform): the first NS − 1 stages of the table are
-  // issued before the activations are built, so the table's first bytes are
-  // on their way from memory while x is read and laid out (the two regions do
-  // not overlap); the prebuilt layout's flat copy is then the oldest commit
-  // group, and the wait for it leaves the stages in flight. Otherwise the
-  // stages are issued once x is in place.
-  const bool early = a.stages_before_x;
-  if (a.x_stage) {
-    // Prebuilt (staged_x_kernel): a flat copy, all of it in flight at once.
-    const char* xg = static_cast<const char*>(a.x_stage);
-    const uint32_t xb = smem_u32(bsm);
-    for (int f = threadIdx.x; f < xs / 16; f += blockDim.x) cp_async<16>(xb + f * 16, xg + f * 16, 16);
-    cp_async_commit();
-    if (early) {
-      issue_first();
-      cp_async_wait<NS - 1>();
-    } else {
-      cp_async_wait<0>();
-    }
-  } else {
-    if (early) issue_first();
-    const T* x = static_cast<const T*>(a.x);
-    if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
-      // 16 bytes per unit, eight units' loads in flight per thread.
-      const int qs = a.H / 32, nu = a.M * qs * 4, colb = staged_col_bytes(a.H);
-      const unsigned char* xb = static_cast<const unsigned char*>(a.x);
-      for (int u0 = 0; u0 < nu; u0 += 8 * int(blockDim.x)) {
-        uint4 w[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int u = u0 + i * int(blockDim.x) + int(threadIdx.x);
-          if (u < nu) w[i] = staged_x_unit_load<BITS>(xb + int64_t(u / (qs * 4)) * a.H * 2, (u >> 2) % qs, u & 3);
-        }
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int u = u0 + i * int(blockDim.x) + int(threadIdx.x);
-          if (u < nu)
-            *reinterpret_cast<uint4*>(bsm + (u / (qs * 4)) * colb + (((u >> 2) % qs) * 4 + (u & 3)) * 16) =
-                staged_x_unit_order<BITS>(w[i]);
-        }
-      }
-    } else {
-      for (int f = threadIdx.x; f < a.M * a.H / 4; f += blockDim.x) staged_x_fragment<BITS>(x, a.H, f, bsm);
-    }
-    for (int f = threadIdx.x; f < staged_zero_bytes(BITS, C) / 16; f += blockDim.x)
-      reinterpret_cast<uint4*>(bsm + a.M * staged_col_bytes(a.H))[f] = make_uint4(0u, 0u, 0u, 0u);
-  }
-  TopkAll<RT> tk;
-  if constexpr (TOPK) tk.init(a, st_smem + xs + kWarps * wbytes);
-  cta_sync();
-  if constexpr (!TOPK) {
-    if (my_tiles == 0) return;  // (early: only empty commit groups were issued)
-  }
-  if (!early) issue_first();
+  for (int d = 0; d < NS - 1; ++d) issue(d);
+
   // ---- the compute side ------------------------------------------------------------------
   // ldmatrix row address of this lane: matrix (lane / 8) = (rows 0-7 | 8-15) × (segment 2s | 2s+1).
   const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);

@@ -317,7 +317,6 @@ template <int BITS, class T>
 void launch_logits(const LogitsArgs& args, const LogitsPlan& plan, cudaStream_t s) {
   LogitsArgs a = args;
   a.st_spg = plan.stages_per_group;
-  a.stages_before_x = plan.stages_before_x;
   switch (plan.kernel) {
     case LogitsKernel::kGemvRegRing: return launch_regring<BITS, T>(a, plan, s);
     case LogitsKernel::kGemvStaged: return launch_staged<BITS, T>(a, plan, s);

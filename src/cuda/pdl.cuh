@@ -18,9 +18,10 @@ namespace qhead::cuda_detail {
 // kernel here calls griddepcontrol.launch_dependents, so a dependent is
 // scheduled only as the grid ahead's blocks exit and never holds a
 // multiprocessor that grid still needs (docs/tuning-notes.md, "Top-k
-// selection"). Launched without the attribute, or on a GPU below sm_90,
-// pdl_wait() returns at once. Whether to launch so is the plan's
-// (cuda_plan::dependent_launch).
+// selection"). A kernel calls it only when it was launched as a dependent
+// (a flag among its arguments): a plain launch starts after the grid ahead has
+// completed, and then the wait is not executed at all. Whether to launch so is
+// the plan's (cuda_plan::dependent_launch).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -33,6 +34,11 @@ __device__ __forceinline__ void pdl_wait() {
 template <class... P, class... A>
 void launch_kernel(bool dependent, const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem,
                    cudaStream_t s, A&&... args) {
+  if (!dependent) {
+    kernel<<<grid, block, smem, s>>>(std::forward<A>(args)...);
+    check(cudaGetLastError(), (std::string("launch of ") + name).c_str(), __FILE__, __LINE__);
+    return;
+  }
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
@@ -42,7 +48,7 @@ void launch_kernel(bool dependent, const char* name, void (*kernel)(P...), dim3 
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = dependent ? 1 : 0;
+  cfg.numAttrs = 1;
   check(cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...), (std::string("launch of ") + name).c_str(),
         __FILE__, __LINE__);
 }

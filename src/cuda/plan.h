@@ -97,8 +97,6 @@ struct LogitsOverrides {
   // Bytes of staged-layout activations up to which each staged-GEMV CTA
   // builds them itself; above, one staged_x_kernel launch builds them once.
   std::optional<int> staged_cta_x;
-  // Staged GEMV: issue the first ring stages before the activations are built.
-  std::optional<bool> stages_before_x;
   // The kernels that read what the logits kernel (or the level before) wrote
   // (selection levels, tile select, sampling) launched as programmatic
   // dependents of it (cuda/pdl.cuh); sm_90 and later only.
@@ -108,7 +106,6 @@ struct LogitsOverrides {
   //   QHEAD_CUDA_LOGITS_KERNEL     gemv_regring | gemv_staged | gemm_mma_sync | gemm_wgmma | gemm_wgmma_ws | cublas
   //   QHEAD_CUDA_TOPK_PATH         pool_epilogue | lists | logits_then_select | tile_select
   //   QHEAD_CUDA_STAGED_CTA_X      bytes, 0 to 1048576
-  //   QHEAD_CUDA_STAGES_BEFORE_X   0 | 1
   //   QHEAD_CUDA_DEPENDENT_LAUNCH  0 | 1
   // An unset or empty variable is no override; any other value that is not
   // one of those throws Error(kInvalidArgument) naming the variable and the
@@ -134,7 +131,6 @@ struct LogitsPlan {
   int group_segs = 0;        // staged GEMV, GEMMs: 16-byte segments per group (1, 2, 4); 0: a group spans stages
   int stages_per_group = 1;  // group_segs == 0: stages per group
   bool x_prebuilt = false;   // staged GEMV: the activations built once per call (staged_x_kernel)
-  bool stages_before_x = false;  // staged GEMV: the first ring stages issued before the activations are built
   int smem_bytes = 0;        // staged GEMV: dynamic shared memory per CTA
   // kTopkPools: pools for pool_cols columns of pool_cap entries, grid CTAs.
   // kTopkLists: grid CTAs (per column tile), list_segments lists of

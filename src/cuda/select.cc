@@ -31,13 +31,11 @@ constexpr int kStagedMaxScaleBlock = 4096;
 // CTA's own build wins at 66 KB (H = 4096, M = 8: 94 vs 95 us), the extra
 // launch at 83 KB (H = 2560, M = 16: 144 vs 148 us).
 constexpr int kStagedCtaX = 72 * 1024;
-// Staged GEMV: the ring's first stages issued before the activations are
-// built (overlapping the build with the table's first reads), and the
-// kernels after a logits kernel launched as its programmatic dependents.
-// Off until an A/B on the GPU measures them (QHEAD_CUDA_STAGES_BEFORE_X,
-// QHEAD_CUDA_DEPENDENT_LAUNCH).
-constexpr bool kStagesBeforeX = false;
-constexpr bool kDependentLaunch = false;
+// The kernels after a logits kernel (selection levels, tile select, the
+// sample op's) launched as its programmatic dependents, on sm_90: 1.7-4.4 us
+// off logits + top-k at M = 1-16 on the H200 (docs/tuning-notes.md, "Top-k
+// selection"); QHEAD_CUDA_DEPENDENT_LAUNCH=0 turns it off.
+constexpr bool kDependentLaunch = true;
 // Pool epilogue: shared memory per CTA above which it is not taken.
 constexpr int kPoolsMaxSmem = 160 * 1024;
 // GEMMs from this many columns; below, the GEMV kernels (M = 16: 67 us
@@ -199,7 +197,6 @@ std::optional<LogitsPlan> plan_staged_base(const LogitsProblem& p, const DeviceI
   if (!group_layout(p, plan.stage_bytes, /*one_segment=*/true, plan)) return std::nullopt;
   const int xs = g::staged_x_bytes(p.bits, plan.stage_bytes, int(p.H), int(p.M));
   plan.x_prebuilt = xs > ov.staged_cta_x.value_or(kStagedCtaX);
-  plan.stages_before_x = ov.stages_before_x.value_or(kStagesBeforeX);
   plan.smem_bytes = xs + g::kStagedWarps * g::staged_warp_bytes(p.bits, plan.stage_bytes, g::kStagedRowTiles,
                                                                  g::kStagedStages, !p.symmetric, int(p.groups()),
                                                                  p.scale_bytes);
@@ -362,7 +359,6 @@ std::string LogitsPlan::describe() const {
   add("c", stage_bytes);
   if (stage_bytes) s += " gs=" + std::to_string(group_segs) + (group_segs == 0 ? "x" + std::to_string(stages_per_group) : "");
   if (x_prebuilt) s += " x_prebuilt";
-  if (stages_before_x) s += " stages_before_x";
   if (epilogue == LogitsEpilogue::kTopkPools)
     s += " +pools(cols=" + std::to_string(pool_cols) + " cap=" + std::to_string(pool_cap) + " grid=" + std::to_string(grid) + ")";
   if (epilogue == LogitsEpilogue::kStoreTiles) s += " +tile_summaries";
@@ -432,7 +428,6 @@ LogitsOverrides LogitsOverrides::from_env() {
     if (v == "0" || v == "1") return v == "1";
     throw Error(ErrorCode::kInvalidArgument, name, "'" + v + "' is not 0 or 1");
   };
-  ov.stages_before_x = flag("QHEAD_CUDA_STAGES_BEFORE_X");
   ov.dependent_launch = flag("QHEAD_CUDA_DEPENDENT_LAUNCH");
   return ov;
 }

@@ -37,6 +37,7 @@ struct BenchConfig {
   int reps = 0;                            // timed calls per path; 0: auto (>= 5, about 1 s, at most 50)
   std::string act = "f16";                 // CUDA: activations, scales and the dense baseline, f16 | bf16
   std::string isa = "auto";                // CPU: the kernels' ISA path, auto | avx2 | avx512 | reference
+  bool plan_env = false;                   // CUDA: the plans take the QHEAD_CUDA_* environment overrides
 };
 
 // The default cases, five real-model shapes: 151936x1024 (w4g64, w8g128),

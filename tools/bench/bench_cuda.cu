@@ -333,7 +333,9 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
       add("fallback", fb_us, double(table_bytes), dense_us, "dequantize to " + cfg.act + " + cuBLAS");
       using cuda_plan::LogitsKernel;
       using cuda_plan::LogitsOverrides;
-      const LogitsOverrides defaults;  // the plan's own choice, whatever the environment says
+      // The plan's own choice, whatever the environment says; with --plan-env,
+      // the environment's overrides (every row, the sample rows included).
+      const LogitsOverrides defaults = cfg.plan_env ? cuda_plan::env_overrides() : LogitsOverrides{};
       auto timed_logits = [&](const LogitsOverrides& ov, cuda_plan::LogitsPlan& plan) {
         return median_us([&](int i) {
           plan = cuda_ops::run_logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFused, ov);
@@ -348,7 +350,7 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
       for (LogitsKernel k : {LogitsKernel::kGemvRegRing, LogitsKernel::kGemvStaged, LogitsKernel::kGemmMmaSync,
                              LogitsKernel::kGemmWgmma, LogitsKernel::kGemmWgmmaWs}) {
         if (k == fused_plan.kernel) continue;
-        LogitsOverrides ov;
+        LogitsOverrides ov = defaults;
         ov.kernel = k;
         const cuda_plan::LogitsPlan want = cuda_ops::plan_logits(tables[0], x.view(), Backend::kFused, ov);
         if (want.kernel != k) continue;  // the kernel cannot take this shape
@@ -372,12 +374,12 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
       timed_topk("fused_topk", Backend::kFused, defaults, "qhead::topk (kFused) + lse: ");
       timed_topk("auto_topk", Backend::kAuto, defaults, "qhead::topk (kAuto, the default path) + lse: ");
       if (topk_plan.path != cuda_plan::TopkPath::kTileSelect) {  // tile select forced, where it applies
-        LogitsOverrides tile;
+        LogitsOverrides tile = defaults;
         tile.topk_path = cuda_plan::TopkPath::kTileSelect;
         if (cuda_ops::plan_topk(tables[0], x.view(), k, Backend::kAuto, tile).path == cuda_plan::TopkPath::kTileSelect)
           timed_topk("tile_topk", Backend::kAuto, tile, "tile select forced: ");
       }
-      LogitsOverrides separate;
+      LogitsOverrides separate = defaults;
       separate.topk_path = cuda_plan::TopkPath::kLogitsThenSelect;
       timed_topk("logits_then_topk", Backend::kAuto, separate,
                  "kAuto logits into [M, V], then slice selection + merge: ");
@@ -402,9 +404,10 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
         SampleParams p = sc.p;
         const double us = median_us([&](int i) {
           p.offset = uint64_t(i);
-          sample(tables[size_t(i) % tables.size()], x.view(), p, sid.view());
+          cuda_ops::run_sample(tables[size_t(i) % tables.size()], x.view(), p, sid.view(), Backend::kAuto, defaults);
         }, reps);
-        add(sc.path, us, double(table_bytes), dense_us, std::string("qhead::sample ") + sc.what);
+        add(sc.path, us, double(table_bytes), dense_us,
+            std::string("qhead::sample ") + sc.what + (cfg.plan_env ? " (the environment's plan overrides)" : ""));
       }
     }
   }

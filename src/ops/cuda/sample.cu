@@ -76,9 +76,9 @@ __device__ __forceinline__ void block_best(float& v, int& i) {
 // [b·kSliceCols, (b+1)·kSliceCols) ∩ [0, V), four columns per thread step
 // (one Philox call).
 __global__ void gumbel_slices_kernel(const float* __restrict__ l, int64_t V, float inv_t, uint64_t seed,
-                                     uint64_t offset, float* __restrict__ pv, int* __restrict__ pi) {
+                                     uint64_t offset, float* __restrict__ pv, int* __restrict__ pi, bool dependent) {
   const int m = blockIdx.y, P = gridDim.x;
-  pdl_wait();  // when launched as a dependent of the logits kernel
+  if (dependent) pdl_wait();  // the logits kernel may still run
   const int64_t c0 = int64_t(blockIdx.x) * kSliceCols, c1 = min(V, c0 + kSliceCols);
   const float* row = l + int64_t(m) * V;
   float bv = -INFINITY;
@@ -101,9 +101,9 @@ __global__ void gumbel_slices_kernel(const float* __restrict__ l, int64_t V, flo
 }
 
 __global__ void gumbel_rows_kernel(const float* __restrict__ pv, const int* __restrict__ pi, int P,
-                                   int* __restrict__ ids) {
+                                   int* __restrict__ ids, bool dependent) {
   const int m = blockIdx.x;
-  pdl_wait();  // when launched as a dependent of gumbel_slices_kernel
+  if (dependent) pdl_wait();  // gumbel_slices_kernel may still run
   float bv = -INFINITY;
   int bi = -1;
   for (int b = threadIdx.x; b < P; b += kThreads)
@@ -190,9 +190,9 @@ __device__ int draw_sorted_warp(int64_t K, bool total_sum, double lse_minus_z0, 
 // = 1 where the cut may lie past them.
 __global__ void draw_kernel(const float* __restrict__ z, const int* __restrict__ cid, const float* __restrict__ lse,
                             int M, int64_t K, bool whole, sampling::Cut cut, uint64_t seed, uint64_t offset,
-                            int* __restrict__ ids, int* __restrict__ pending) {
+                            int* __restrict__ ids, int* __restrict__ pending, bool dependent) {
   extern __shared__ double draw_w[];
-  pdl_wait();  // when launched as a dependent of the top-k or selection that wrote z, cid and lse
+  if (dependent) pdl_wait();  // the top-k or selection that wrote z, cid and lse may still run
   const int warp = int(threadIdx.x >> 5), lane = int(threadIdx.x & 31);
   const int m = blockIdx.x * kDrawWarps + warp;
   if (m >= M) return;  // whole warps leave: the draw synchronizes within its warp only
@@ -431,9 +431,9 @@ void run_sample(const Table& table, const TensorView& x, const SampleParams& p, 
     float* pv = reinterpret_cast<float*>(ws);
     int* pi = reinterpret_cast<int*>(ws + size_t(M) * P * 4);
     launch_kernel(dep, "gumbel_slices_kernel", gumbel_slices_kernel, dim3(unsigned(P), unsigned(M)), dim3(kThreads), 0,
-                  s, l, V, inv_t, p.seed, p.offset, pv, pi);
+                  s, l, V, inv_t, p.seed, p.offset, pv, pi, dep);
     launch_kernel(dep, "gumbel_rows_kernel", gumbel_rows_kernel, dim3(unsigned(M)), dim3(kThreads), 0, s,
-                  static_cast<const float*>(pv), static_cast<const int*>(pi), P, out);
+                  static_cast<const float*>(pv), static_cast<const int*>(pi), P, out, dep);
     return;
   }
 
@@ -467,7 +467,7 @@ void run_sample(const Table& table, const TensorView& x, const SampleParams& p, 
   const size_t draw_bytes = size_t(kDrawWarps) * draw_slots(K) * sizeof(double);  // <= 33 KB: K <= 1024
   launch_kernel(dep, "draw_kernel", draw_kernel, dim3(unsigned(blocks_for(M, kDrawWarps))), dim3(kDrawWarps * 32),
                 draw_bytes, s, static_cast<const float*>(z), static_cast<const int*>(cid), static_cast<const float*>(lse),
-                int(M), K, whole, sampling::cut_of(p), p.seed, p.offset, out, pending);
+                int(M), K, whole, sampling::cut_of(p), p.seed, p.offset, out, pending, dep);
   if (whole) return;
   // Without top_k, a row's top-p or min-p cut may lie past the candidates.
   std::vector<int> hp(static_cast<size_t>(M)), rows;

@@ -275,6 +275,7 @@ struct SelectArgs {
   float* lse = nullptr;
   const float2* part_in = nullptr;
   int P0 = 0;
+  bool dependent = false;  // launched as a programmatic dependent: wait for the grid ahead first
 };
 }  // namespace
 

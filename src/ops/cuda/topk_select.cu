@@ -26,7 +26,7 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectAr
   extern __shared__ __align__(16) unsigned char sel_items[];
   In* items = reinterpret_cast<In*>(sel_items);  // item i = j·T + thread
   const int p = blockIdx.x, m = blockIdx.y, P = gridDim.x;
-  pdl_wait();  // when launched as a dependent of the kernel that wrote `in`
+  if (a.dependent) pdl_wait();  // the kernel that wrote `in` may still run
   const int64_t b = int64_t(p) * SLICE;
   const int cnt = int(a.n - b < SLICE ? a.n - b : SLICE);
   const In* in = static_cast<const In*>(a.in) + int64_t(m) * a.n + b;
@@ -105,10 +105,11 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const SelectAr
 }
 
 template <class In, int PER = kSelPer>
-void launch_select(dim3 grid, const SelectArgs& a, cudaStream_t s, bool dependent) {
+void launch_select(dim3 grid, SelectArgs a, cudaStream_t s, bool dependent) {
   constexpr auto kernel = topk_select_kernel<In, PER>;
   constexpr int bytes = select_smem_bytes<In, PER>();
   allow_dynamic_smem<kernel>(bytes);
+  a.dependent = dependent;
   launch_kernel(dependent, "topk_select_kernel", kernel, grid, dim3(kSelThreads), bytes, s, a);
 }
 
@@ -136,6 +137,7 @@ struct TileSelectArgs {
   float* values;
   int* ids;
   float* lse;
+  bool dependent;  // launched as a programmatic dependent: wait for the grid ahead first
 };
 
 constexpr int kTileHotCap = cuda_plan::kTileThreads * cuda_plan::kTileHotPer;
@@ -157,7 +159,7 @@ __global__ void __launch_bounds__(cuda_plan::kTileThreads) topk_tile_select_kern
   extern __shared__ __align__(16) unsigned char tile_smem[];
   float* tmax = reinterpret_cast<float*>(tile_smem);  // [tiles], then kTileHotCap candidate entries
   const int m = blockIdx.x, tid = int(threadIdx.x), lane = tid & 31, w = tid >> 5;
-  pdl_wait();  // when launched as a dependent of the GEMV that wrote the logits and summaries
+  if (a.dependent) pdl_wait();  // the GEMV that wrote the logits and summaries may still run
   const float2* pr = a.part + int64_t(m) * a.tiles;
   const float* lrow = a.logits + int64_t(m) * a.ldo;
 
@@ -284,6 +286,7 @@ void select_from_tiles(const float* l, const float2* part, int64_t M, int64_t V,
   a.values = values;
   a.ids = ids;
   a.lse = lse;
+  a.dependent = dependent;
   // The attribute is set once, to the most any plan asks (plan.h: the opt-in less the static part).
   static const int most = [] {
     int dev = 0, b = 0;
