@@ -774,13 +774,14 @@ TEST(Cuda, DependentLaunchAndGraphReplayKeepTheBytes) {
   cuda_plan::LogitsOverrides plain, dependent;
   plain.dependent_launch = false;
   dependent.dependent_launch = true;
-  struct Shape {
+  struct TableCase {
     int64_t V, H;
     const char* scheme;
   };
   // H = 2560 at M = 12 and 16 builds the staged activations once per call (the prebuilt copy).
-  for (const Shape& sh : {Shape{50257, 256, "w4g64"}, Shape{49216, 2560, "w8g128"}}) {
-    const Table t = cuda::to_device(Table::packed(random_packed(sh.V, sh.H, QuantScheme::parse(sh.scheme, DType::kF16), 8200)));
+  for (const TableCase& sh : {TableCase{50257, 256, "w4g64"}, TableCase{49216, 2560, "w8g128"}}) {
+    const Table t =
+        cuda::to_device(Table::packed(random_packed(sh.V, sh.H, QuantScheme::parse(sh.scheme, DType::kF16), 8200)));
     for (int64_t M : {1, 3, 12, 16}) {
       SCOPED_TRACE(std::string(sh.scheme) + " V = " + std::to_string(sh.V) + " M = " + std::to_string(M));
       const Tensor x = upload(random_tensor(DType::kF16, M, sh.H, 8201 + M));

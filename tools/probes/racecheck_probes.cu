@@ -17,40 +17,11 @@
 #include <cstdio>
 #include <cstring>
 
+#include "cuda/ptx.cuh"  // the kernels' own wrappers of cp.async, ldmatrix and mbarrier
+
 namespace {
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-__device__ __forceinline__ void ldmatrix4(uint32_t a, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_init(uint32_t b, int n) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(b), "r"(n) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t b) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}" ::"r"(b) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t b, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT;\n}" ::"r"(b),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void cp_async_arrive(uint32_t b) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(b) : "memory");
-}
+using namespace qhead::cuda_detail;
 
 // The staged GEMV's ring: NS slots of 16 rows × (C + 16) bytes per warp,
 // each lane copying 16-byte pieces, ldmatrix.x4 reading them.
@@ -62,7 +33,7 @@ template <bool SYNC>
 __global__ void warp_ring(const char* g, unsigned* out) {
   extern __shared__ __align__(16) unsigned char ring[];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const uint32_t base = smem_addr(ring + warp * kNs * kStage);
+  const uint32_t base = smem_u32(ring + warp * kNs * kStage);
   const char* src = g + size_t(blockIdx.x * (blockDim.x / 32) + warp) * kRows * kRowBytes;
   int issued = 0;
   auto issue = [&](int slot) {
@@ -70,10 +41,11 @@ __global__ void warp_ring(const char* g, unsigned* out) {
 #pragma unroll
       for (int j = 0; j < kCopies; ++j) {
         const int q = lane + 32 * j, row = q / (kC / 16), seg = q % (kC / 16);
-        cp_async16(base + slot * kStage + row * kPitch + seg * 16, src + row * kRowBytes + issued * kC + seg * 16);
+        cp_async<16>(base + slot * kStage + row * kPitch + seg * 16, src + row * kRowBytes + issued * kC + seg * 16,
+                     16);
       }
     }
-    cp_commit();
+    cp_async_commit();
     ++issued;
   };
   for (int d = 0; d < kNs - 1; ++d) issue(d);
@@ -84,18 +56,18 @@ __global__ void warp_ring(const char* g, unsigned* out) {
     for (int d = 0; d < kNs; ++d) {
       if (q0 + d >= kStages) break;
       issue((d + kNs - 1) % kNs);
-      cp_wait<kNs - 1>();
+      cp_async_wait<kNs - 1>();
       if (SYNC) __syncwarp();
 #pragma unroll
       for (int s = 0; s < kC / 32; ++s) {
         uint32_t r[4];
-        ldmatrix4(base + d * kStage + s * 32 + lane_off, r);
+        ldmatrix_x4(base + d * kStage + s * 32 + lane_off, r[0], r[1], r[2], r[3]);
         acc ^= r[0] + 3 * r[1] + 5 * r[2] + 7 * r[3];
       }
       if (SYNC) __syncwarp();
     }
   }
-  cp_wait<0>();
+  cp_async_wait<0>();
   out[blockIdx.x * blockDim.x + threadIdx.x] = acc;
 }
 
@@ -109,33 +81,33 @@ __global__ void mbar_handoff(const uint4* g, unsigned* out) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (threadIdx.x == 0)
     for (int i = 0; i < kSlots; ++i) {
-      mbar_init(smem_addr(&full[i]), CP_ASYNC ? 32 : 1);
-      mbar_init(smem_addr(&empty[i]), 1);
+      mbar_init(smem_u32(&full[i]), CP_ASYNC ? 32 : 1);
+      mbar_init(smem_u32(&empty[i]), 1);
     }
   __syncthreads();
   if (warp == 0) {
     for (int q = 0; q < kRounds; ++q) {
       const int s = q % kSlots;
-      if (q >= kSlots) mbar_wait(smem_addr(&empty[s]), ((q / kSlots) & 1) ^ 1u);
+      if (q >= kSlots) mbar_wait(smem_u32(&empty[s]), ((q / kSlots) & 1) ^ 1u);
       if (CP_ASYNC) {
-        cp_async16(smem_addr(&slot[s][lane]), g + q * 32 + lane);
-        cp_async_arrive(smem_addr(&full[s]));
+        cp_async<16>(smem_u32(&slot[s][lane]), g + q * 32 + lane, 16);
+        cp_async_mbar_arrive(smem_u32(&full[s]));
       } else {
         slot[s][lane] = g[q * 32 + lane];
         __syncwarp();
-        if (lane == 0) mbar_arrive(smem_addr(&full[s]));
+        if (lane == 0) mbar_arrive(smem_u32(&full[s]));
       }
     }
-    asm volatile("cp.async.wait_all;" ::: "memory");
+    asm volatile("cp.async.wait_all;" ::: "memory");  // as the GEMM's producer: also the uncommitted copies
   } else {
     unsigned acc = 0;
     for (int q = 0; q < kRounds; ++q) {
       const int s = q % kSlots;
-      mbar_wait(smem_addr(&full[s]), (q / kSlots) & 1);
+      mbar_wait(smem_u32(&full[s]), (q / kSlots) & 1);
       const uint4 v = slot[s][31 - lane];  // another lane's bytes
       acc += v.x ^ v.w;
       __syncwarp();
-      if (lane == 0) mbar_arrive(smem_addr(&empty[s]));
+      if (lane == 0) mbar_arrive(smem_u32(&empty[s]));
     }
     out[lane] = acc;
   }

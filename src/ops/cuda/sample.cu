@@ -416,8 +416,7 @@ void run_sample(const Table& table, const TensorView& x, const SampleParams& p, 
   if (p.temperature == 0.0f) {
     char* ws = static_cast<char*>(workspace(kWsSample, size_t(M) * 8));
     const TensorView vals(ws, DType::kF32, {M, 1}, Device::kCUDA), lse(ws + M * 4, DType::kF32, {M}, Device::kCUDA);
-    run_topk(table, x, 1, vals, TensorView(out, DType::kI32, {M, 1}, Device::kCUDA), lse, b,
-             ov);
+    run_topk(table, x, 1, vals, TensorView(out, DType::kI32, {M, 1}, Device::kCUDA), lse, b, ov);
     return;
   }
   const float inv_t = 1.0f / p.temperature;
@@ -466,8 +465,9 @@ void run_sample(const Table& table, const TensorView& x, const SampleParams& p, 
   const bool whole = p.top_k > 0 || K == V;
   const size_t draw_bytes = size_t(kDrawWarps) * draw_slots(K) * sizeof(double);  // <= 33 KB: K <= 1024
   launch_kernel(dep, "draw_kernel", draw_kernel, dim3(unsigned(blocks_for(M, kDrawWarps))), dim3(kDrawWarps * 32),
-                draw_bytes, s, static_cast<const float*>(z), static_cast<const int*>(cid), static_cast<const float*>(lse),
-                int(M), K, whole, sampling::cut_of(p), p.seed, p.offset, out, pending, dep);
+                draw_bytes, s, static_cast<const float*>(z), static_cast<const int*>(cid),
+                static_cast<const float*>(lse), int(M), K, whole, sampling::cut_of(p), p.seed, p.offset, out, pending,
+                dep);
   if (whole) return;
   // Without top_k, a row's top-p or min-p cut may lie past the candidates.
   std::vector<int> hp(static_cast<size_t>(M)), rows;
