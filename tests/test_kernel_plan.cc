@@ -266,24 +266,24 @@ TEST(KernelPlan, TopkPaths) {
   EXPECT_EQ(a16.tile_rows, 16);
   EXPECT_EQ(a16.tile_smem, 9496 * 4 + kTileThreads * kTileHotPer * 8);
   EXPECT_NE(a16.describe().find("+tile_summaries"), std::string::npos) << a16.describe();
-  // ... from M = 8; M = 17 (no staged GEMV) and M <= 7 take logits, then selection.
-  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 8), 50, Backend::kAuto).path, TopkPath::kTileSelect);
-  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 7), 50, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
+  // ... at every M the staged GEMV takes; M = 17 (no staged GEMV) takes logits, then selection.
+  for (int64_t M : {1, 3, 8})
+    EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, M), 50, Backend::kAuto).path, TopkPath::kTileSelect) << M;
   EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 17), 50, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
   // Not above the epilogues' k, nor where the tile maxima outgrow the block's shared memory.
   EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 16), 257, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
   EXPECT_EQ(topk_plan(problem(4, 64, 262144, 2560, 16), 50, Backend::kAuto).path, TopkPath::kTileSelect);
   EXPECT_EQ(topk_plan(problem(4, 64, 4000000, 1024, 16), 50, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
-  // kAuto at M = 1: logits, then first-level blocks of quarter slices (75 on a 151936 vocab).
-  const TopkPlan a1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kAuto);
+  // Logits then select, forced at M = 1: first-level blocks of quarter slices (75 on a 151936 vocab).
+  LogitsOverrides levels;
+  levels.topk_path = TopkPath::kLogitsThenSelect;
+  const TopkPlan a1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kAuto, levels);
   EXPECT_EQ(a1.path, TopkPath::kLogitsThenSelect) << a1.describe();
   EXPECT_EQ(a1.main.epilogue, LogitsEpilogue::kStore);
   EXPECT_TRUE(a1.select_small);
   EXPECT_EQ(a1.select_blocks, 75);
-  // Tile select, forced at M = 1.
-  LogitsOverrides tile;
-  tile.topk_path = TopkPath::kTileSelect;
-  const TopkPlan t1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kAuto, tile);
+  // Tile select at M = 1, by default.
+  const TopkPlan t1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kAuto);
   EXPECT_EQ(t1.path, TopkPath::kTileSelect) << t1.describe();
   EXPECT_EQ(t1.main.epilogue, LogitsEpilogue::kStoreTiles);
   // Tile select needs the staged GEMV: refused, with a note, when another logits kernel is forced.
@@ -331,9 +331,10 @@ TEST(KernelPlan, TopkPaths) {
   const TopkPlan refused = topk_plan(problem(4, 64, 151936, 1024, 9), 50, Backend::kFused, pools);
   EXPECT_NE(refused.path, TopkPath::kPoolEpilogue);
   EXPECT_NE(refused.note.find("pool_epilogue was forced"), std::string::npos) << refused.note;
-  // The pool epilogue takes only 128-byte stages: 4-bit H = 640 rows (320 bytes) take 64-byte ones.
+  // The pool epilogue takes only 128-byte stages: 4-bit H = 640 rows (320 bytes) take 64-byte ones,
+  // and kFused takes tile select there.
   EXPECT_EQ(pick(problem(4, 64, 262144, 640, 1)).stage_bytes, 64);
-  EXPECT_EQ(topk_plan(problem(4, 64, 262144, 640, 1), 50, Backend::kFused).path, TopkPath::kLogitsThenSelect);
+  EXPECT_EQ(topk_plan(problem(4, 64, 262144, 640, 1), 50, Backend::kFused).path, TopkPath::kTileSelect);
   EXPECT_EQ(topk_plan(problem(4, 64, 262144, 640, 12), 50, Backend::kFused).path, TopkPath::kTileSelect);
 }
 

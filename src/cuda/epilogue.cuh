@@ -98,6 +98,7 @@ __device__ __forceinline__ void store_tile_summary(const LogitsArgs& a, const fl
   for (int n = 0; n < NT; ++n)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
+      if (n * 8 + e >= a.M) continue;  // no lane holds a column < M here (warp-uniform): M = 1 skips e = 1
       float mx = -INFINITY;
 #pragma unroll
       for (int r = 0; r < RT; ++r)

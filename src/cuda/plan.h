@@ -188,7 +188,7 @@ constexpr int kSelThreads = 256;         // threads per selection block
 constexpr int kSelPer = 32;              // logits per selection thread
 constexpr int64_t kSlice = int64_t(kSelThreads) * kSelPer;  // logits per selection block
 constexpr int kTileThreads = 1024;       // threads of a tile-select block (one per row)
-constexpr int kTileHotPer = 8;           // logits of the candidate tiles per tile-select thread
+constexpr int kTileHotPer = 8;           // candidate entries a tile-select block gathers, per thread
 constexpr int kTileStaticSmem = 24 * 1024;  // a tile-select block's static shared memory, at most
 
 }  // namespace qhead::cuda_plan

@@ -77,14 +77,11 @@ constexpr int64_t kListSampleTiles = kSlice / 128;
 // one ~23 us at 4 per SM; at M = 1 on a 152k vocab kSlice slices would be 19
 // blocks).
 constexpr int kSelSmallPer = kSelPer / 4;
-// Tile select from this many columns: at M = 8 and 16 it beat logits then
-// select on every shape (151936x1024 M = 8 w4g64 52.1 vs 54.5 us, w8g128
-// 71.1 vs 74.0; M = 16 w4g64 72.5 vs 78.4, 262144x2560 w8g128 242.9 vs
-// 256.2), at M = 4 it tied or lost (53.3 vs 51.6) and at M = 1 it lost on
-// every shape (51.7 vs 49.4, 262144x2560 w8g128 208.0 vs 204.3): its one
-// select block (~14.5 us) against the two levels' ~7 + 7 us, whose first
-// level grows with M.
-constexpr int64_t kTileSelectMinM = 8;
+// Tile select from this many columns: wherever the staged GEMV runs. Its
+// select block (a bound from the warps' largest thread maxima, candidates
+// ranked by counting) measured below one selection level's block; the levels
+// it replaces are two launches (docs/tuning-notes.md, "Top-k selection").
+constexpr int64_t kTileSelectMinM = 1;
 constexpr int kSelSmallWavesBlocks = 16;  // blocks per SM
 
 // Reasons, as the plan prints them.
@@ -623,7 +620,7 @@ TopkPlan topk_path(const LogitsProblem& p, int64_t k, const DeviceInfo& d, const
     return *t;
   }
   if (p.M >= kTileSelectMinM)
-    if (auto ts = tile_select(p, k, d, ov, backend, "the default at M = 8-16: the staged GEMV's tile summaries")) {
+    if (auto ts = tile_select(p, k, d, ov, backend, "the default where the staged GEMV runs: its tile summaries")) {
       ts->note = note;
       return *ts;
     }

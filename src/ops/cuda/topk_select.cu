@@ -1,6 +1,7 @@
 // The selection levels of the CUDA top-k: per-slice (or per-row) blocks
 // that keep the best k entries and the (max, Σ exp) of their logits, and the
 // merge of the levels into the top-k and lse.
+#include "cuda/epilogue.cuh"
 #include "cuda/pdl.cuh"
 #include "ops/cuda/select.cuh"
 
@@ -117,21 +118,33 @@ void launch_select(dim3 grid, SelectArgs a, cudaStream_t s, bool dependent) {
 //
 // One block per row over the staged GEMV's tile summaries (kStoreTiles): the
 // (max, Σ exp) of every `rows`-row tile, beside the logits.
-//   1. the summaries → the row's lse (combined in double), each tile's max
-//      into shared memory, and each thread's largest;
-//   2. tau = maxima_threshold of those: at least k logits are >= it (each
-//      thread's largest is some tile's max, itself a logit), so every top-k
-//      entry is >= tau and lies in a tile whose max reaches tau;
-//   3. those tiles' logits — typically k to a few k of them — are read from
-//      the logits and selected above tau (block_select_above).
-// When the candidate tiles hold more than kTileHotPer logits per thread
-// (heavy ties: a tied row makes every tile a candidate) step 3 reads the
-// whole row instead, with the same threshold. One launch after the logits,
-// where logits + levels took two (docs/tuning-notes.md, "Top-k selection").
+//   1. the summaries → each tile's max into shared memory, the thread's
+//      largest (over its ~V / 16 / T tiles) and its online (max, Σ exp)
+//      (ex2.approx, branch-free); the warps' combine into the row's lse;
+//   2. tau, a lower bound of the row's k-th logit: each warp offers its Q
+//      largest thread maxima (Q rounds of a warp max, redux.sync), and tau
+//      is the k-th largest of those 32·Q by rank counting (k <= 32·Q). They
+//      are k distinct tiles' maxima, each a logit, so at least k logits reach
+//      tau: every top-k entry is >= tau and lies in a tile whose max reaches
+//      it. The k largest tile maxima rarely share a thread (T = 1024) or
+//      crowd a warp, so tau sits near the k-th largest tile max and the
+//      candidate tiles are about k;
+//   3. the warps gather the candidate tiles' logits >= tau (about k in all),
+//      and the candidates are ranked by counting, all threads at once:
+//      rank = the candidates above.
+// The block runs on one multiprocessor, and its time follows its instruction
+// count (ncu, docs/tuning-notes.md "Top-k selection": 40 000 warp
+// instructions and 12.7 us with radix passes for the bound and the
+// selection, a double-precision lse), so each step costs a few instructions
+// per tile or candidate. Where the candidates outgrow the counting (more
+// than kRankMax: heavy ties) they are selected above tau by
+// block_select_above over the gathered ones; where they outgrow the block
+// (kTileHotCap: a tied row makes every tile a candidate) the whole row is,
+// with the same threshold.
 struct TileSelectArgs {
   const float* logits;  // [M, V], row stride ldo
   int64_t ldo, V;
-  const float2* part;  // [M, tiles]
+  const float2* part;  // [M, tiles]: each tile's (max, Σ exp(l − max))
   int64_t tiles;
   int k;
   float* values;
@@ -140,125 +153,145 @@ struct TileSelectArgs {
   bool dependent;  // launched as a programmatic dependent: wait for the grid ahead first
 };
 
-constexpr int kTileHotCap = cuda_plan::kTileThreads * cuda_plan::kTileHotPer;
+constexpr int kTileHotCap = cuda_plan::kTileThreads * cuda_plan::kTileHotPer;  // gathered candidates, at most
 constexpr int kTileRows = 16;  // rows per summary: the staged GEMV's warp tile (one 16-row tile)
+constexpr int kRankMax = 256;  // candidates ranked by counting; above, block_select_above
+constexpr int kRankParts = cuda_plan::kTileThreads / kRankMax;  // threads counting each candidate's rank
 
 struct TileSelectSmem {
-  SelectSmem sel;
-  double dred[cuda_plan::kTileThreads / 32];
-  int hot[kTileHotCap / kTileRows];  // the candidate tiles, when they hold <= kTileHotCap logits
+  SelectSmem sel;  // its pool doubles as the rank counters (steps 2 and 3 end before any fallback uses it)
+  float2 wlse[cuda_plan::kTileThreads / 32];  // each warp's (max, Σ exp)
+  uint32_t bound[kRankMax];                   // the warps' largest thread maxima (order keys; 0 = none)
+  uint32_t tau;
+  unsigned ncand;
 };
 static_assert(sizeof(TileSelectSmem) <= cuda_plan::kTileStaticSmem, "plan.h: kTileStaticSmem");
+static_assert(sizeof(SelectSmem::pool) >= cuda_plan::kTileThreads * sizeof(unsigned), "rank counters");
 
+// (m, s) += (m2, s2) for online log-sum-exps (Σ exp(l − m)): taken relative to the larger max,
+// exact where the maxima tie (inf too), no NaN from two −inf maxima (a −inf side's s is 0 and
+// its scale unused) — equality tests instead of branches.
+__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float n = fmaxf(m, m2);
+  s = (m == n ? s : s * ex2_ftz((m - n) * kLog2e)) + (m2 == n ? s2 : s2 * ex2_ftz((m2 - n) * kLog2e));
+  m = n;
+}
+
+// Q: the thread maxima each warp offers to the bound (k <= 32·Q).
+template <int Q>
 __global__ void __launch_bounds__(cuda_plan::kTileThreads) topk_tile_select_kernel(const TileSelectArgs a) {
-  constexpr int T = cuda_plan::kTileThreads, PER = cuda_plan::kTileHotPer;
+  constexpr int T = cuda_plan::kTileThreads;
+  constexpr int NB = 32 * Q, BPARTS = 4;  // bound values; threads counting each one's rank
+  static_assert(NB <= kRankMax && NB * BPARTS <= T, "bound geometry");
   __shared__ TileSelectSmem ts;
   SelectSmem& sm = ts.sel;
-  double* dred = ts.dred;
-  int* hot = ts.hot;
+  unsigned* prank = reinterpret_cast<unsigned*>(sm.pool);  // [parts][values] partial ranks
   extern __shared__ __align__(16) unsigned char tile_smem[];
   float* tmax = reinterpret_cast<float*>(tile_smem);  // [tiles], then kTileHotCap candidate entries
+  uint64_t* items = reinterpret_cast<uint64_t*>(tile_smem + (a.tiles * 4 + 15) / 16 * 16);
   const int m = blockIdx.x, tid = int(threadIdx.x), lane = tid & 31, w = tid >> 5;
+  if (tid == 0) ts.ncand = 0;
   if (a.dependent) pdl_wait();  // the GEMV that wrote the logits and summaries may still run
   const float2* pr = a.part + int64_t(m) * a.tiles;
   const float* lrow = a.logits + int64_t(m) * a.ldo;
 
-  // 1. The thread's tiles c = tid + j·T, eight loads in flight; its max and Σ exp online.
+  // 1. The thread's tiles c = tid + j·T, up to 16 loads in flight (V <= 262144 in one batch;
+  // slots past its tiles are predicated off): maxima to shared memory, the thread's
+  // (max, Σ exp) online, branch-free (an empty slot is (−inf, 0)); then the warp's.
+  constexpr int kBatch = 16;
+  const int tiles = int(a.tiles), mine = tid < tiles ? (tiles - tid + T - 1) / T : 0;
   float mx = -INFINITY, s = 0.0f;
-  for (int64_t c0 = tid; c0 < a.tiles; c0 += 8 * T) {
-    float2 v[8];
+  for (int j0 = 0; j0 < mine; j0 += kBatch) {
+    float2 v[kBatch];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int64_t c = c0 + int64_t(i) * T;
-      v[i] = c < a.tiles ? pr[c] : make_float2(-INFINITY, 0.0f);
+    for (int i = 0; i < kBatch; ++i) v[i] = j0 + i < mine ? pr[tid + (j0 + i) * T] : make_float2(-INFINITY, 0.0f);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (j0 + i < mine) tmax[tid + (j0 + i) * T] = v[i].x;
+      lse_merge(mx, s, v[i].x, v[i].y);
     }
+  }
+  {
+    float wm = mx, ws = s;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int64_t c = c0 + int64_t(i) * T;
-      if (c < a.tiles) tmax[c] = v[i].x;
-      if (v[i].x == -INFINITY) continue;
-      if (v[i].x > mx) {
-        s = s * expf(mx - v[i].x) + v[i].y;
-        mx = v[i].x;
-      } else {
-        s += v[i].y * expf(v[i].x - mx);
+    for (int o = 16; o > 0; o >>= 1)
+      lse_merge(wm, ws, __shfl_xor_sync(0xffffffffu, wm, o), __shfl_xor_sync(0xffffffffu, ws, o));
+    if (lane == 0) ts.wlse[w] = make_float2(wm, ws);
+  }
+  uint32_t key = mx == -INFINITY ? 0u : order_key(mx);
+  // 2a. The warp's Q largest thread maxima (ties kept: the lowest lane of a tie leaves per round).
+#pragma unroll
+  for (int r = 0; r < Q; ++r) {
+    const uint32_t top = __reduce_max_sync(0xffffffffu, key);
+    if (lane == 0) ts.bound[w * Q + r] = top;
+    const unsigned tied = __ballot_sync(0xffffffffu, key == top);
+    if (lane == __ffs(tied) - 1) key = 0;
+  }
+  key = mx == -INFINITY ? 0u : order_key(mx);
+  __syncthreads();
+  // 2b. The lse (warp 0), and each bound value's rank among the NB (ties by position) in parts.
+  if (w == 0) {
+    float2 p = ts.wlse[lane];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      lse_merge(p.x, p.y, __shfl_xor_sync(0xffffffffu, p.x, o), __shfl_xor_sync(0xffffffffu, p.y, o));
+    if (lane == 0) a.lse[m] = p.x + logf(p.y);
+  }
+  if (tid < NB * BPARTS) {
+    const int i = tid % NB, part = tid / NB;
+    const uint32_t bi = ts.bound[i];
+    unsigned r = 0;
+#pragma unroll 4
+    for (int j = part; j < NB; j += BPARTS) {
+      const uint32_t bj = ts.bound[j];
+      r += (bj > bi || (bj == bi && j < i)) ? 1u : 0u;
+    }
+    prank[part * NB + i] = r;
+  }
+  __syncthreads();
+  if (tid < NB) {
+    unsigned r = 0;
+#pragma unroll
+    for (int part = 0; part < BPARTS; ++part) r += prank[part * NB + tid];
+    if (r == unsigned(a.k - 1)) ts.tau = ts.bound[tid];  // exactly one value has each rank
+  }
+  __syncthreads();
+  const uint32_t tau = ts.tau;  // 0 (fewer than k tiles hold a logit): every tile, every logit
+  const uint64_t tau_entry = uint64_t(tau) << 32;
+
+  // 3a. The candidate tiles (max >= tau), two per warp step: lanes 0-15 read the first one's
+  // 16 logits, lanes 16-31 the second's; those >= tau are appended (one atomic per step).
+  if (__any_sync(0xffffffffu, key >= tau)) {
+    const unsigned below = (1u << lane) - 1u;
+    for (int j = 0; j * T + w * 32 < tiles; ++j) {
+      const int c = j * T + tid;
+      unsigned hot = __ballot_sync(0xffffffffu, c < tiles && order_key(tmax[c]) >= tau);
+      while (hot) {
+        const int l0 = __ffs(hot) - 1;
+        hot &= hot - 1;
+        const int l1 = hot ? __ffs(hot) - 1 : -1;
+        if (hot) hot &= hot - 1;
+        const int src = lane < 16 ? l0 : l1;
+        const int64_t r = int64_t(j * T + w * 32 + src) * kTileRows + (lane & 15);
+        const float v = src >= 0 && r < a.V ? lrow[r] : -INFINITY;
+        const bool take = src >= 0 && r < a.V && order_key(v) >= tau;
+        const unsigned tk = __ballot_sync(0xffffffffu, take);
+        unsigned base = 0;
+        if (lane == 0 && tk) base = atomicAdd(&ts.ncand, unsigned(__popc(tk)));
+        base = __shfl_sync(0xffffffffu, base, 0);
+        const unsigned pos = base + unsigned(__popc(tk & below));
+        if (take && pos < unsigned(kTileHotCap)) items[pos] = make_entry(v, r);
       }
     }
   }
-  float bm = mx;
-  for (int o = 16; o > 0; o >>= 1) bm = fmaxf(bm, __shfl_xor_sync(0xffffffffu, bm, o));
-  if (lane == 0) sm.fred[w] = bm;
   __syncthreads();
-  bm = -INFINITY;
-  for (int i = 0; i < T / 32; ++i) bm = fmaxf(bm, sm.fred[i]);
-  double ds = mx == -INFINITY ? 0.0 : double(s) * exp(double(mx) - double(bm));
-  for (int o = 16; o > 0; o >>= 1) ds += __shfl_xor_sync(0xffffffffu, ds, o);
-  if (lane == 0) dred[w] = ds;
-  __syncthreads();
-  if (tid == 0) {
-    double t = 0.0;
-    for (int i = 0; i < T / 32; ++i) t += dred[i];
-    a.lse[m] = float(double(bm) + log(t));
-  }
-
-  // 2. The threshold: the k-th largest of the threads' largest tile maxima (as entries with
-  // all id bits set: an entry's key bits alone decide against it), first to 16 bits; where
-  // that lets through more candidate tiles than the block holds (a row whose logits sit in
-  // a narrow band far from 0, where 16 bits of the key are coarse), to all 32.
-  const uint64_t my_max = mx == -INFINITY ? 0ull : (uint64_t(order_key(mx)) << 32) | 0xFFFFFFFFull;
-  auto maxima = [&](auto&& f) { f(my_max); };
-  uint64_t tau = 0;
-  unsigned need = unsigned(a.k);
-  const bool bounded = radix_pass(maxima, 56, tau, need, sm) && radix_pass(maxima, 48, tau, need, sm);
-  if (!bounded) tau = 1;  // fewer than k tiles with a logit: every tile
-  auto reaches = [&](int64_t c) { return ((uint64_t(order_key(tmax[c])) << 32) | 0xFFFFFFFFull) >= tau; };
-  auto count_tiles = [&]() {
-    unsigned cnt = 0;
-    for (int64_t c = tid; c < a.tiles; c += T) cnt += reaches(c) ? 1u : 0u;
-    return cnt;
-  };
-
-  // 3. The candidate tiles, listed in order by a block scan of per-thread counts.
-  unsigned cnt = count_tiles();
-  unsigned ntiles;
-  unsigned base = block_exclusive_scan(cnt, ntiles, sm);
-  if (bounded && int64_t(ntiles) * kTileRows > kTileHotCap) {
-    __syncthreads();  // sm.wsum is read by the scan above
-    radix_pass(maxima, 40, tau, need, sm);
-    radix_pass(maxima, 32, tau, need, sm);
-    cnt = count_tiles();
-    base = block_exclusive_scan(cnt, ntiles, sm);
-  }
-  const int64_t nhot = int64_t(ntiles) * kTileRows;
-  const bool listed = nhot <= kTileHotCap;
-  if (listed)
-    for (int64_t c = tid; c < a.tiles; c += T)
-      if (reaches(c)) hot[base++] = int(c);
-  __syncthreads();
+  const unsigned c = ts.ncand;  // >= k, unless the row has fewer than k logits
   auto emit = [&](int j, uint64_t e) {
     a.values[int64_t(m) * a.k + j] = entry_value(e);
     a.ids[int64_t(m) * a.k + j] = entry_id_or_last(e);
   };
-  if (listed) {
-    // Candidate logit i = (tile hot[i / 16], its row i % 16), loaded as an entry once (all PER
-    // loads in flight); each thread reads back only its own.
-    uint64_t* items = reinterpret_cast<uint64_t*>(tile_smem + (a.tiles * 4 + 15) / 16 * 16);
-#pragma unroll
-    for (int j = 0; j < PER; ++j) {
-      const int i = j * T + tid;
-      uint64_t e = 0;
-      if (i < nhot) {
-        const int64_t r = int64_t(hot[i / kTileRows]) * kTileRows + i % kTileRows;
-        if (r < a.V) e = make_entry(lrow[r], r);
-      }
-      items[i] = e;
-    }
-    auto for_each = [&](auto&& f) {
-#pragma unroll 4
-      for (int j = 0; j < PER; ++j) f(items[j * T + tid]);
-    };
-    block_select_above(for_each, tau, a.k, emit, sm);
-  } else {
+  if (c > unsigned(kTileHotCap)) {  // the whole row, above the same tau
     const int64_t per = (a.V + T - 1) / T;
     auto for_each = [&](auto&& f) {
       for (int64_t j = 0; j < per; ++j) {
@@ -266,7 +299,35 @@ __global__ void __launch_bounds__(cuda_plan::kTileThreads) topk_tile_select_kern
         f(r < a.V ? make_entry(lrow[r], r) : 0ull);
       }
     };
-    block_select_above(for_each, tau, a.k, emit, sm);
+    block_select_above(for_each, tau_entry, a.k, emit, sm);
+    return;
+  }
+  if (c > unsigned(kRankMax)) {  // the gathered ones, above tau
+    auto for_each = [&](auto&& f) {  // each thread its own candidates (gather and radix_pass count per thread)
+      for (int j = tid; j < int(c); j += T) f(items[j]);
+    };
+    block_select_above(for_each, tau_entry, a.k, emit, sm);
+    return;
+  }
+  // 3b. Rank by counting: candidate i's rank = the candidates above it (entries are distinct).
+  {
+    const int i = tid % kRankMax, part = tid / kRankMax;
+    unsigned r = 0;
+    if (i < int(c)) {
+      const uint64_t ei = items[i];
+#pragma unroll 4
+      for (int j = part; j < int(c); j += kRankParts) r += items[j] > ei ? 1u : 0u;
+    }
+    prank[part * kRankMax + i] = r;
+  }
+  __syncthreads();
+  if (tid < int(c)) {
+    unsigned r = 0;
+#pragma unroll
+    for (int part = 0; part < kRankParts; ++part) r += prank[part * kRankMax + tid];
+    if (r < unsigned(a.k)) emit(int(r), items[tid]);
+  } else if (tid < a.k) {
+    emit(tid, 0ull);  // a row of fewer than k logits
   }
 }
 
@@ -297,9 +358,21 @@ void select_from_tiles(const float* l, const float2* part, int64_t M, int64_t V,
   if (smem_bytes > most)
     fail("topk", "tile select: " + std::to_string(smem_bytes) + " bytes of shared memory asked, " +
                      std::to_string(most) + " available");
-  allow_dynamic_smem<topk_tile_select_kernel>(most);
-  launch_kernel(dependent, "topk_tile_select_kernel", topk_tile_select_kernel, dim3(unsigned(M)),
-                dim3(cuda_plan::kTileThreads), size_t(smem_bytes), s, a);
+  // The warps offer 64, 128 or 256 maxima to the bound: about 1.25 k, enough that the k-th
+  // largest of them stays near the k-th largest tile max (k <= kTopkGather).
+  if (k <= 51) {
+    allow_dynamic_smem<topk_tile_select_kernel<2>>(most);
+    launch_kernel(dependent, "topk_tile_select_kernel", topk_tile_select_kernel<2>, dim3(unsigned(M)),
+                  dim3(cuda_plan::kTileThreads), size_t(smem_bytes), s, a);
+  } else if (k <= 102) {
+    allow_dynamic_smem<topk_tile_select_kernel<4>>(most);
+    launch_kernel(dependent, "topk_tile_select_kernel", topk_tile_select_kernel<4>, dim3(unsigned(M)),
+                  dim3(cuda_plan::kTileThreads), size_t(smem_bytes), s, a);
+  } else {
+    allow_dynamic_smem<topk_tile_select_kernel<8>>(most);
+    launch_kernel(dependent, "topk_tile_select_kernel", topk_tile_select_kernel<8>, dim3(unsigned(M)),
+                  dim3(cuda_plan::kTileThreads), size_t(smem_bytes), s, a);
+  }
 }
 
 // Level-0 candidates cand[M, P0, k] and partial sums part[M, P0] → the top-k
