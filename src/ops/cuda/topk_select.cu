@@ -129,18 +129,19 @@ void launch_select(dim3 grid, SelectArgs a, cudaStream_t s, bool dependent) {
 //      it. The k largest tile maxima rarely share a thread (T = 1024) or
 //      crowd a warp, so tau sits near the k-th largest tile max and the
 //      candidate tiles are about k;
-//   3. the warps gather the candidate tiles' logits >= tau (about k in all),
-//      and the candidates are ranked by counting, all threads at once:
-//      rank = the candidates above.
+//   3. the candidate tiles are listed, every warp gathers two of them per
+//      step (their logits >= tau, about k in all: one round trip to L2
+//      whichever warps held them), and the candidates are ranked by
+//      counting, all threads at once: rank = the candidates above.
 // The block runs on one multiprocessor, and its time follows its instruction
 // count (ncu, docs/tuning-notes.md "Top-k selection": 40 000 warp
 // instructions and 12.7 us with radix passes for the bound and the
 // selection, a double-precision lse), so each step costs a few instructions
 // per tile or candidate. Where the candidates outgrow the counting (more
 // than kRankMax: heavy ties) they are selected above tau by
-// block_select_above over the gathered ones; where they outgrow the block
-// (kTileHotCap: a tied row makes every tile a candidate) the whole row is,
-// with the same threshold.
+// block_select_above over the gathered ones; where the candidate tiles
+// outgrow the list (kHotTiles: a tied row makes every tile a candidate) the
+// whole row is, with the same threshold.
 struct TileSelectArgs {
   const float* logits;  // [M, V], row stride ldo
   int64_t ldo, V;
@@ -155,6 +156,7 @@ struct TileSelectArgs {
 
 constexpr int kTileHotCap = cuda_plan::kTileThreads * cuda_plan::kTileHotPer;  // gathered candidates, at most
 constexpr int kTileRows = 16;  // rows per summary: the staged GEMV's warp tile (one 16-row tile)
+constexpr int kHotTiles = kTileHotCap / kTileRows;  // candidate tiles listed, at most
 constexpr int kRankMax = 256;  // candidates ranked by counting; above, block_select_above
 constexpr int kRankParts = cuda_plan::kTileThreads / kRankMax;  // threads counting each candidate's rank
 
@@ -162,8 +164,9 @@ struct TileSelectSmem {
   SelectSmem sel;  // its pool doubles as the rank counters (steps 2 and 3 end before any fallback uses it)
   float2 wlse[cuda_plan::kTileThreads / 32];  // each warp's (max, Σ exp)
   uint32_t bound[kRankMax];                   // the warps' largest thread maxima (order keys; 0 = none)
+  int hot[kHotTiles];                         // the candidate tiles
   uint32_t tau;
-  unsigned ncand;
+  unsigned nhot, ncand;
 };
 static_assert(sizeof(TileSelectSmem) <= cuda_plan::kTileStaticSmem, "plan.h: kTileStaticSmem");
 static_assert(sizeof(SelectSmem::pool) >= cuda_plan::kTileThreads * sizeof(unsigned), "rank counters");
@@ -191,7 +194,10 @@ __global__ void __launch_bounds__(cuda_plan::kTileThreads) topk_tile_select_kern
   float* tmax = reinterpret_cast<float*>(tile_smem);  // [tiles], then kTileHotCap candidate entries
   uint64_t* items = reinterpret_cast<uint64_t*>(tile_smem + (a.tiles * 4 + 15) / 16 * 16);
   const int m = blockIdx.x, tid = int(threadIdx.x), lane = tid & 31, w = tid >> 5;
-  if (tid == 0) ts.ncand = 0;
+  if (tid == 0) {
+    ts.nhot = 0;
+    ts.ncand = 0;
+  }
   if (a.dependent) pdl_wait();  // the GEMV that wrote the logits and summaries may still run
   const float2* pr = a.part + int64_t(m) * a.tiles;
   const float* lrow = a.logits + int64_t(m) * a.ldo;
@@ -260,38 +266,29 @@ __global__ void __launch_bounds__(cuda_plan::kTileThreads) topk_tile_select_kern
   const uint32_t tau = ts.tau;  // 0 (fewer than k tiles hold a logit): every tile, every logit
   const uint64_t tau_entry = uint64_t(tau) << 32;
 
-  // 3a. The candidate tiles (max >= tau), two per warp step: lanes 0-15 read the first one's
-  // 16 logits, lanes 16-31 the second's; those >= tau are appended (one atomic per step).
+  // 3a. The candidate tiles (max >= tau), listed: each warp scans its lanes' tiles, one atomic
+  // per warp step.
+  const unsigned below = (1u << lane) - 1u;
   if (__any_sync(0xffffffffu, key >= tau)) {
-    const unsigned below = (1u << lane) - 1u;
     for (int j = 0; j * T + w * 32 < tiles; ++j) {
       const int c = j * T + tid;
-      unsigned hot = __ballot_sync(0xffffffffu, c < tiles && order_key(tmax[c]) >= tau);
-      while (hot) {
-        const int l0 = __ffs(hot) - 1;
-        hot &= hot - 1;
-        const int l1 = hot ? __ffs(hot) - 1 : -1;
-        if (hot) hot &= hot - 1;
-        const int src = lane < 16 ? l0 : l1;
-        const int64_t r = int64_t(j * T + w * 32 + src) * kTileRows + (lane & 15);
-        const float v = src >= 0 && r < a.V ? lrow[r] : -INFINITY;
-        const bool take = src >= 0 && r < a.V && order_key(v) >= tau;
-        const unsigned tk = __ballot_sync(0xffffffffu, take);
-        unsigned base = 0;
-        if (lane == 0 && tk) base = atomicAdd(&ts.ncand, unsigned(__popc(tk)));
-        base = __shfl_sync(0xffffffffu, base, 0);
-        const unsigned pos = base + unsigned(__popc(tk & below));
-        if (take && pos < unsigned(kTileHotCap)) items[pos] = make_entry(v, r);
-      }
+      const bool hot = c < tiles && order_key(tmax[c]) >= tau;
+      const unsigned hb = __ballot_sync(0xffffffffu, hot);
+      if (hb == 0) continue;
+      unsigned base = 0;
+      if (lane == 0) base = atomicAdd(&ts.nhot, unsigned(__popc(hb)));
+      base = __shfl_sync(0xffffffffu, base, 0);
+      const unsigned pos = base + unsigned(__popc(hb & below));
+      if (hot && pos < unsigned(kHotTiles)) ts.hot[pos] = c;
     }
   }
   __syncthreads();
-  const unsigned c = ts.ncand;  // >= k, unless the row has fewer than k logits
+  const unsigned nhot = ts.nhot;
   auto emit = [&](int j, uint64_t e) {
     a.values[int64_t(m) * a.k + j] = entry_value(e);
     a.ids[int64_t(m) * a.k + j] = entry_id_or_last(e);
   };
-  if (c > unsigned(kTileHotCap)) {  // the whole row, above the same tau
+  if (nhot > unsigned(kHotTiles)) {  // the whole row, above the same tau
     const int64_t per = (a.V + T - 1) / T;
     auto for_each = [&](auto&& f) {
       for (int64_t j = 0; j < per; ++j) {
@@ -302,6 +299,21 @@ __global__ void __launch_bounds__(cuda_plan::kTileThreads) topk_tile_select_kern
     block_select_above(for_each, tau_entry, a.k, emit, sm);
     return;
   }
+  // 3b. Their logits >= tau, gathered: two tiles per warp step (lanes 0-15 the first one's 16
+  // rows, lanes 16-31 the second's), every warp at once; one atomic per step.
+  for (unsigned p = unsigned(w); 2 * p < nhot; p += T / 32) {
+    const unsigned h = 2 * p + unsigned(lane >> 4);
+    const int64_t r = h < nhot ? int64_t(ts.hot[h]) * kTileRows + (lane & 15) : a.V;
+    const float v = r < a.V ? lrow[r] : -INFINITY;
+    const bool take = r < a.V && order_key(v) >= tau;
+    const unsigned tk = __ballot_sync(0xffffffffu, take);
+    unsigned base = 0;
+    if (lane == 0 && tk) base = atomicAdd(&ts.ncand, unsigned(__popc(tk)));
+    base = __shfl_sync(0xffffffffu, base, 0);
+    if (take) items[base + unsigned(__popc(tk & below))] = make_entry(v, r);
+  }
+  __syncthreads();
+  const unsigned c = ts.ncand;  // >= k, unless the row has fewer than k logits
   if (c > unsigned(kRankMax)) {  // the gathered ones, above tau
     auto for_each = [&](auto&& f) {  // each thread its own candidates (gather and radix_pass count per thread)
       for (int j = tid; j < int(c); j += T) f(items[j]);
