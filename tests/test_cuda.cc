@@ -515,7 +515,7 @@ TEST(Cuda, TopkListSampleRowsPastTheSample) {
 // 256, beyond a CTA's 128-row tile step), logits then selection (M = 17, 64,
 // 70), tiny V with k = V, the cuBLAS logits, on sm_90 the list top-k
 // (M = 65 and 70: its sample's tiles adjacent, and two apart with zero
-// points and k = 256), and tile select (kAuto at M = 9, 10 with V = 1, and 16).
+// points and k = 256), and tile select (kAuto at M = 1, 9, 10 with V = 1, and 16).
 TEST(Cuda, TopkSmallShapes) {
   SKIP_WITHOUT_GPU();
   check_topk(tk(4, 64, true, DType::kF16, DType::kF32, 4099, 1, 50), Backend::kFused);
@@ -529,7 +529,8 @@ TEST(Cuda, TopkSmallShapes) {
   check_topk(tk(4, 64, true, DType::kF16, DType::kF16, 4099, 2, 1000), Backend::kFallbackBlas);
   check_topk(tk(4, 64, true, DType::kF16, DType::kF32, 8192 + 5, 65, 50), Backend::kFused);
   check_topk(tk(8, 128, false, DType::kBF16, DType::kBF16, 16384 + 129, 70, 256), Backend::kFused);
-  // Tile select (kAuto, M = 8-16): a partial last tile, zero points, k = 256 and 1; V = 1.
+  // Tile select (kAuto wherever the staged GEMV runs: the kAuto M = 1 case above too): a partial last tile,
+  // zero points, k = 256 and 1; V = 1.
   check_topk(tk(4, 64, false, DType::kF16, DType::kF16, 4099, 16, 256), Backend::kAuto);
   check_topk(tk(8, 64, true, DType::kBF16, DType::kF32, 4099, 9, 1), Backend::kAuto);
   check_topk(tk(4, 128, true, DType::kF16, DType::kF16, 1, 10, 1), Backend::kAuto);
