@@ -77,10 +77,12 @@ constexpr int64_t kListSampleTiles = kSlice / 128;
 // one ~23 us at 4 per SM; at M = 1 on a 152k vocab kSlice slices would be 19
 // blocks).
 constexpr int kSelSmallPer = kSelPer / 4;
-// Tile select from this many columns: wherever the staged GEMV runs. Its
-// select block (a bound from the warps' largest thread maxima, candidates
-// ranked by counting) measured below one selection level's block; the levels
-// it replaces are two launches (docs/tuning-notes.md, "Top-k selection").
+// Tile select from this many columns: wherever the staged GEMV runs. One
+// select block after the GEMV against two selection levels, faster on every
+// shape and M measured (bcbb14d, same run: 151936x1024 w4g64 M = 1 44.3 vs
+// 47.6 us, w8g128 60.5 vs 63.8, M = 4 47.3 vs 50.4, M = 16 70.0 vs 77.5;
+// 262144x2560 w4g128 M = 1 111.6 vs 116.1; docs/tuning-notes.md, "Top-k
+// selection").
 constexpr int64_t kTileSelectMinM = 1;
 constexpr int kSelSmallWavesBlocks = 16;  // blocks per SM
 
