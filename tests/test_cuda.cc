@@ -318,6 +318,16 @@ std::vector<int32_t> exact_topk(const float* l, int64_t V, int64_t k) {
   return order;
 }
 
+// The log-sum-exp of one row of logits, in double, and the relative tolerance of the
+// CUDA top-k's lse against it (f32 partial sums over ≈ V / 8 terms, ex2.approx).
+double exact_lse(const float* l, int64_t V) {
+  double mx = -INFINITY, sum = 0;
+  for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(l[v]));
+  for (int64_t v = 0; v < V; ++v) sum += std::exp(double(l[v]) - mx);
+  return mx + std::log(sum);
+}
+double lse_tolerance(int64_t V) { return gamma_n(V / 8 + 64, kU32) + std::ldexp(1.0, -21); }
+
 // Top-k of case c on `backend`, its inputs seeded from the case's name.
 // edit: changes the random table before it is uploaded.
 void check_topk(const TopkCase& c, Backend backend, const std::function<void(PackedTable&)>& edit = {}) {
@@ -339,7 +349,7 @@ void check_topk(const TopkCase& c, Backend backend, const std::function<void(Pac
   cuda::synchronize();
   const Tensor lh = download(ld), vh = download(vals), ih = download(ids), sh = download(lse);
   ASSERT_EQ(count_nan(vh.view()) + count_nan(sh.view()), 0) << "unwritten (NaN-poisoned) outputs remain";
-  const double lse_tol = gamma_n(V / 8 + 64, kU32) + std::ldexp(1.0, -21);
+  const double lse_tol = lse_tolerance(V);
   int bad = 0;
   for (int64_t m = 0; m < M && bad < 5; ++m) {
     const float* l = lh.ptr<float>() + m * V;
@@ -354,10 +364,7 @@ void check_topk(const TopkCase& c, Backend backend, const std::function<void(Pac
         break;
       }
     }
-    double mx = -INFINITY, sum = 0;
-    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, double(l[v]));
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(double(l[v]) - mx);
-    const double want_lse = mx + std::log(sum);
+    const double want_lse = exact_lse(l, V);
     if (!(std::fabs(sh.ptr<float>()[m] - want_lse) <= lse_tol * std::max(1.0, std::fabs(want_lse)))) {
       ADD_FAILURE() << "m=" << m << " lse " << sh.ptr<float>()[m] << " want " << want_lse;
       ++bad;
@@ -639,10 +646,7 @@ TEST(Cuda, TopkAllTied) {
 // top-k (the copies, lowest id first) and the lse the logits'.
 TEST(Cuda, TileSelectTiedAcrossTiles) {
   SKIP_WITHOUT_GPU();
-  QuantScheme s;
-  s.bits = 4;
-  s.group_size = 64;
-  s.scale_dtype = DType::kF32;
+  const QuantScheme s = make_scheme(4, 64, true, DType::kF32);
   const int64_t V = 50257, H = 1024, W = s.packed_cols(H), G = s.groups(H);  // rows the staged GEMV takes
   for (int64_t n : {300, 600}) {
     PackedTable host = random_packed(V, H, s, 5300);
@@ -676,11 +680,8 @@ TEST(Cuda, TileSelectTiedAcrossTiles) {
             ASSERT_EQ(ih.ptr<int32_t>()[m * k + j], want[size_t(j)]) << "m " << m << " j " << j;
             ASSERT_EQ(vh.ptr<float>()[m * k + j], row[want[size_t(j)]]) << "m " << m << " j " << j;
           }
-          double mx = -INFINITY, sum = 0;
-          for (int64_t r = 0; r < V; ++r) mx = std::max(mx, double(row[r]));
-          for (int64_t r = 0; r < V; ++r) sum += std::exp(double(row[r]) - mx);
-          const double want_lse = mx + std::log(sum), lse_tol = gamma_n(V / 8 + 64, kU32) + std::ldexp(1.0, -21);
-          EXPECT_NEAR(sh.ptr<float>()[m], want_lse, lse_tol * std::max(1.0, std::fabs(want_lse))) << "m " << m;
+          const double want_lse = exact_lse(row, V);
+          EXPECT_NEAR(sh.ptr<float>()[m], want_lse, lse_tolerance(V) * std::max(1.0, std::fabs(want_lse))) << "m " << m;
         }
       }
   }

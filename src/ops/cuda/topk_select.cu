@@ -343,6 +343,14 @@ __global__ void __launch_bounds__(cuda_plan::kTileThreads) topk_tile_select_kern
   }
 }
 
+template <int Q>
+void launch_tile_select(const TileSelectArgs& a, int64_t M, int smem_bytes, int most, cudaStream_t s,
+                        bool dependent) {
+  allow_dynamic_smem<topk_tile_select_kernel<Q>>(most);
+  launch_kernel(dependent, "topk_tile_select_kernel", topk_tile_select_kernel<Q>, dim3(unsigned(M)),
+                dim3(cuda_plan::kTileThreads), size_t(smem_bytes), s, a);
+}
+
 }  // namespace
 
 void select_from_tiles(const float* l, const float2* part, int64_t M, int64_t V, int rows, int64_t k, int smem_bytes,
@@ -372,19 +380,9 @@ void select_from_tiles(const float* l, const float2* part, int64_t M, int64_t V,
                      std::to_string(most) + " available");
   // The warps offer 64, 128 or 256 maxima to the bound: about 1.25 k, enough that the k-th
   // largest of them stays near the k-th largest tile max (k <= kTopkGather).
-  if (k <= 51) {
-    allow_dynamic_smem<topk_tile_select_kernel<2>>(most);
-    launch_kernel(dependent, "topk_tile_select_kernel", topk_tile_select_kernel<2>, dim3(unsigned(M)),
-                  dim3(cuda_plan::kTileThreads), size_t(smem_bytes), s, a);
-  } else if (k <= 102) {
-    allow_dynamic_smem<topk_tile_select_kernel<4>>(most);
-    launch_kernel(dependent, "topk_tile_select_kernel", topk_tile_select_kernel<4>, dim3(unsigned(M)),
-                  dim3(cuda_plan::kTileThreads), size_t(smem_bytes), s, a);
-  } else {
-    allow_dynamic_smem<topk_tile_select_kernel<8>>(most);
-    launch_kernel(dependent, "topk_tile_select_kernel", topk_tile_select_kernel<8>, dim3(unsigned(M)),
-                  dim3(cuda_plan::kTileThreads), size_t(smem_bytes), s, a);
-  }
+  if (k <= 51) launch_tile_select<2>(a, M, smem_bytes, most, s, dependent);
+  else if (k <= 102) launch_tile_select<4>(a, M, smem_bytes, most, s, dependent);
+  else launch_tile_select<8>(a, M, smem_bytes, most, s, dependent);
 }
 
 // Level-0 candidates cand[M, P0, k] and partial sums part[M, P0] → the top-k
