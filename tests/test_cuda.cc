@@ -555,8 +555,7 @@ TEST(Cuda, TopkPathsAgreeAndNameThemselves) {
   const bool wgmma = cuda_ops::device_info().has_wgmma();
   for (const Row& r : {Row{1, TopkPath::kPoolEpilogue}, Row{8, TopkPath::kPoolEpilogue}, Row{65, TopkPath::kLists},
                        Row{130, TopkPath::kLists}, Row{1, TopkPath::kTileSelect}, Row{3, TopkPath::kTileSelect},
-                       Row{16, TopkPath::kTileSelect}, Row{1, TopkPath::kTailSelect}, Row{3, TopkPath::kTailSelect},
-                       Row{8, TopkPath::kTailSelect}}) {
+                       Row{16, TopkPath::kTileSelect}}) {
     if (r.path == TopkPath::kLists && !wgmma) continue;
     SCOPED_TRACE("M=" + std::to_string(r.M) + " " + cuda_plan::topk_path_name(r.path));
     QuantScheme s;
@@ -637,67 +636,54 @@ TEST(Cuda, TopkAllTied) {
       }
 }
 
-// Tile select and the tail select with the top of a row tied: n copies of
-// row 0 with its scales × 4096 and n more with × −4096, so that one set of
-// copies leads every row of x, placed one every 16th row (each in its own
-// 16-row tile, and its own GEMV warp) or in consecutive rows. The bound is
-// then the copies' logit and every copy's tile (or warp) a candidate:
-//   - 300 consecutive: ~19 candidate tiles or warps, 300 candidates — more
-//     than the counting ranks (selected above the bound among the gathered);
-//   - 300 spread: more candidate warps than the tail select gathers from
-//     (the whole row); tile select gathers them and selects above the bound;
-//   - 600 spread: more candidate tiles than tile select lists (the whole row).
-// The top-k must be the logits' exact top-k (the copies, lowest id first)
-// and the lse the logits'.
-TEST(Cuda, TileAndTailSelectTied) {
+// Tile select with the top of a row tied across many tiles: n copies of row 0,
+// one every 16th row (each in its own tile), with row 0's scales × 4096 and
+// n more with × −4096, so that one set of copies leads every row of x. The
+// bound is then the copies' logit and every copy's tile a candidate: with
+// 300 copies the candidates outgrow the rank counting (selected above the
+// bound among the gathered ones), with 600 the candidate tiles outgrow the
+// block (the whole row above the bound). The top-k must be the logits' exact
+// top-k (the copies, lowest id first) and the lse the logits'.
+TEST(Cuda, TileSelectTiedAcrossTiles) {
   SKIP_WITHOUT_GPU();
-  using cuda_plan::TopkPath;
   const QuantScheme s = make_scheme(4, 64, true, DType::kF32);
   const int64_t V = 50257, H = 1024, W = s.packed_cols(H), G = s.groups(H);  // rows the staged GEMV takes
-  struct Layout {
-    int64_t n, stride;
-  };
-  for (const Layout lay : {Layout{300, 1}, Layout{300, 16}, Layout{600, 16}}) {
+  for (int64_t n : {300, 600}) {
     PackedTable host = random_packed(V, H, s, 5300);
-    for (int64_t i = 0; i < 2 * lay.n; ++i) {
-      const int64_t v = lay.stride * (i + 1);
+    for (int64_t i = 0; i < 2 * n; ++i) {
+      const int64_t v = 16 * (i + 1);
       std::memcpy(host.packed.ptr<int32_t>() + v * W, host.packed.ptr<int32_t>(), size_t(W) * 4);
       for (int64_t g = 0; g < G; ++g)
-        host.scale.ptr<float>()[v * G + g] = host.scale.ptr<float>()[g] * (i < lay.n ? 4096.0f : -4096.0f);
+        host.scale.ptr<float>()[v * G + g] = host.scale.ptr<float>()[g] * (i < n ? 4096.0f : -4096.0f);
     }
     const Table dev = cuda::to_device(Table::packed(host));
-    for (TopkPath path : {TopkPath::kTileSelect, TopkPath::kTailSelect})
-      for (int64_t M : {1, 3})
-        for (int64_t k : {50, 200}) {
-          SCOPED_TRACE(std::string(cuda_plan::topk_path_name(path)) + " copies=" + std::to_string(lay.n) +
-                       " stride=" + std::to_string(lay.stride) + " M=" + std::to_string(M) + " k=" + std::to_string(k));
-          const Tensor x = upload(random_tensor(DType::kF16, M, H, 5301 + uint64_t(M)));
-          Tensor l = poisoned_device(DType::kF32, {M, V});
-          logits(dev, x.view(), l.view(), Backend::kFused);
-          Tensor v = poisoned_device(DType::kF32, {M, k}), id = poisoned_device(DType::kI32, {M, k}),
-                 lse = poisoned_device(DType::kF32, {M});
-          cuda_plan::LogitsOverrides ov;
-          ov.topk_path = path;
-          const cuda_plan::TopkPlan plan =
-              cuda_ops::run_topk(dev, x.view(), k, v.view(), id.view(), lse.view(), Backend::kFused, ov);
-          ASSERT_EQ(plan.path, path) << plan.describe();
-          const Tensor lh = download(l), vh = download(v), ih = download(id), sh = download(lse);
-          for (int64_t m = 0; m < M; ++m) {
-            const float* row = lh.ptr<float>() + m * V;
-            const std::vector<int32_t> want = exact_topk(row, V, k);
-            // One set of copies leads (× 4096 or × −4096, as row 0's logit's sign): its first k, ascending.
-            const int64_t first = want[0] == lay.stride ? 1 : lay.n + 1;
-            for (int64_t j = 0; j < k; ++j)
-              ASSERT_EQ(want[size_t(j)], lay.stride * (first + j)) << "m " << m << " j " << j;
-            for (int64_t j = 0; j < k; ++j) {
-              ASSERT_EQ(ih.ptr<int32_t>()[m * k + j], want[size_t(j)]) << "m " << m << " j " << j;
-              ASSERT_EQ(vh.ptr<float>()[m * k + j], row[want[size_t(j)]]) << "m " << m << " j " << j;
-            }
-            const double want_lse = exact_lse(row, V);
-            EXPECT_NEAR(sh.ptr<float>()[m], want_lse, lse_tolerance(V) * std::max(1.0, std::fabs(want_lse)))
-                << "m " << m;
+    for (int64_t M : {1, 3})
+      for (int64_t k : {50, 200}) {
+        SCOPED_TRACE("copies=" + std::to_string(n) + " M=" + std::to_string(M) + " k=" + std::to_string(k));
+        const Tensor x = upload(random_tensor(DType::kF16, M, H, 5301 + uint64_t(M)));
+        Tensor l = poisoned_device(DType::kF32, {M, V});
+        logits(dev, x.view(), l.view(), Backend::kFused);
+        Tensor v = poisoned_device(DType::kF32, {M, k}), id = poisoned_device(DType::kI32, {M, k}),
+               lse = poisoned_device(DType::kF32, {M});
+        cuda_plan::LogitsOverrides ov;
+        ov.topk_path = cuda_plan::TopkPath::kTileSelect;
+        const cuda_plan::TopkPlan plan =
+            cuda_ops::run_topk(dev, x.view(), k, v.view(), id.view(), lse.view(), Backend::kFused, ov);
+        ASSERT_EQ(plan.path, cuda_plan::TopkPath::kTileSelect) << plan.describe();
+        const Tensor lh = download(l), vh = download(v), ih = download(id), sh = download(lse);
+        for (int64_t m = 0; m < M; ++m) {
+          const float* row = lh.ptr<float>() + m * V;
+          const std::vector<int32_t> want = exact_topk(row, V, k);
+          // The copies lead: the first k ids are copies (a multiple of 16), ascending.
+          for (int64_t j = 0; j < k; ++j) ASSERT_EQ(want[size_t(j)] % 16, 0) << "m " << m << " j " << j;
+          for (int64_t j = 0; j < k; ++j) {
+            ASSERT_EQ(ih.ptr<int32_t>()[m * k + j], want[size_t(j)]) << "m " << m << " j " << j;
+            ASSERT_EQ(vh.ptr<float>()[m * k + j], row[want[size_t(j)]]) << "m " << m << " j " << j;
           }
+          const double want_lse = exact_lse(row, V);
+          EXPECT_NEAR(sh.ptr<float>()[m], want_lse, lse_tolerance(V) * std::max(1.0, std::fabs(want_lse))) << "m " << m;
         }
+      }
   }
 }
 

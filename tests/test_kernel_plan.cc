@@ -44,8 +44,7 @@ TEST(KernelPlan, NamesRoundTrip) {
   for (LogitsKernel k : {LogitsKernel::kGemvRegRing, LogitsKernel::kGemvStaged, LogitsKernel::kGemmMmaSync,
                          LogitsKernel::kGemmWgmma, LogitsKernel::kGemmWgmmaWs, LogitsKernel::kCublasFallback})
     EXPECT_EQ(parse_logits_kernel(logits_kernel_name(k), "test"), k);
-  for (TopkPath t : {TopkPath::kPoolEpilogue, TopkPath::kLists, TopkPath::kLogitsThenSelect, TopkPath::kTileSelect,
-                     TopkPath::kTailSelect})
+  for (TopkPath t : {TopkPath::kPoolEpilogue, TopkPath::kLists, TopkPath::kLogitsThenSelect, TopkPath::kTileSelect})
     EXPECT_EQ(parse_topk_path(topk_path_name(t), "test"), t);
 }
 
@@ -267,12 +266,9 @@ TEST(KernelPlan, TopkPaths) {
   EXPECT_EQ(a16.tile_rows, 16);
   EXPECT_EQ(a16.tile_smem, 9496 * 4 + kTileThreads * kTileHotPer * 8);
   EXPECT_NE(a16.describe().find("+tile_summaries"), std::string::npos) << a16.describe();
-  // ... at M = 9-16 (two column tiles), the tail select at M <= 8, and M = 17 (no staged GEMV)
-  // takes logits, then selection.
-  for (int64_t M : {9, 12})
-    EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, M), 50, Backend::kAuto).path, TopkPath::kTileSelect) << M;
+  // ... at every M the staged GEMV takes; M = 17 (no staged GEMV) takes logits, then selection.
   for (int64_t M : {1, 3, 8})
-    EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, M), 50, Backend::kAuto).path, TopkPath::kTailSelect) << M;
+    EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, M), 50, Backend::kAuto).path, TopkPath::kTileSelect) << M;
   EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 17), 50, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
   // Not above the epilogues' k, nor where the tile maxima outgrow the block's shared memory.
   EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 16), 257, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
@@ -286,31 +282,10 @@ TEST(KernelPlan, TopkPaths) {
   EXPECT_EQ(a1.main.epilogue, LogitsEpilogue::kStore);
   EXPECT_TRUE(a1.select_small);
   EXPECT_EQ(a1.select_blocks, 75);
-  // The tail select at M = 1, by default: the staged GEMV, one column tile, at least the tail's
-  // shared memory.
+  // Tile select at M = 1, by default.
   const TopkPlan t1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kAuto);
-  ASSERT_EQ(t1.path, TopkPath::kTailSelect) << t1.describe();
-  EXPECT_EQ(t1.main.kernel, LogitsKernel::kGemvStaged);
-  EXPECT_EQ(t1.main.epilogue, LogitsEpilogue::kTailSelect);
-  EXPECT_EQ(t1.main.col_tiles, 1);
-  EXPECT_GE(t1.main.smem_bytes, kTailSmem);
-  EXPECT_NE(t1.describe().find("+tail_select"), std::string::npos) << t1.describe();
-  // A short row's GEMV needs less: raised to the tail's (H = 512: 4-bit rows of 256 bytes).
-  EXPECT_LT(pick(problem(4, 64, 151936, 512, 1)).smem_bytes, kTailSmem);
-  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 512, 1), 50, Backend::kAuto).main.smem_bytes, kTailSmem);
-  // Tile select forced at M = 1.
-  LogitsOverrides tile;
-  tile.topk_path = TopkPath::kTileSelect;
-  const TopkPlan ft1 = topk_plan(problem(4, 64, 151936, 1024, 1), 50, Backend::kAuto, tile);
-  EXPECT_EQ(ft1.path, TopkPath::kTileSelect) << ft1.describe();
-  EXPECT_EQ(ft1.main.epilogue, LogitsEpilogue::kStoreTiles);
-  // The tail select takes one column tile: refused, with a note, at M = 9; not above k = 256.
-  LogitsOverrides tail;
-  tail.topk_path = TopkPath::kTailSelect;
-  const TopkPlan ft9 = topk_plan(problem(4, 64, 151936, 1024, 9), 50, Backend::kAuto, tail);
-  EXPECT_EQ(ft9.path, TopkPath::kTileSelect) << ft9.describe();
-  EXPECT_NE(ft9.note.find("tail_select was forced"), std::string::npos) << ft9.note;
-  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 1), 257, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
+  EXPECT_EQ(t1.path, TopkPath::kTileSelect) << t1.describe();
+  EXPECT_EQ(t1.main.epilogue, LogitsEpilogue::kStoreTiles);
   // Tile select needs the staged GEMV: refused, with a note, when another logits kernel is forced.
   LogitsOverrides ring;
   ring.topk_path = TopkPath::kTileSelect;
@@ -357,9 +332,9 @@ TEST(KernelPlan, TopkPaths) {
   EXPECT_NE(refused.path, TopkPath::kPoolEpilogue);
   EXPECT_NE(refused.note.find("pool_epilogue was forced"), std::string::npos) << refused.note;
   // The pool epilogue takes only 128-byte stages: 4-bit H = 640 rows (320 bytes) take 64-byte ones,
-  // and kFused takes the tail select there (M <= 8), tile select above.
+  // and kFused takes tile select there.
   EXPECT_EQ(pick(problem(4, 64, 262144, 640, 1)).stage_bytes, 64);
-  EXPECT_EQ(topk_plan(problem(4, 64, 262144, 640, 1), 50, Backend::kFused).path, TopkPath::kTailSelect);
+  EXPECT_EQ(topk_plan(problem(4, 64, 262144, 640, 1), 50, Backend::kFused).path, TopkPath::kTileSelect);
   EXPECT_EQ(topk_plan(problem(4, 64, 262144, 640, 12), 50, Backend::kFused).path, TopkPath::kTileSelect);
 }
 

@@ -64,16 +64,6 @@ struct LogitsArgs {
   // of column m → tile_part[m · tile_ld + tile], tile = its first row / (16·RT). nullptr: none.
   float2* tile_part = nullptr;
   int64_t tile_ld = 0;
-  // Tail select (staged GEMV, kTailSelect; k above): the logits go to out as for kStore, each warp
-  // tile's max of column m to tail_tmax[m · tile_ld + tile] (tile as for tile_part), each warp's
-  // (max, Σ exp(l − max)) of column m to tail_rec[m · gridDim.y · warps + warp]; the last CTA to
-  // finish (tail_ticket counts them, zero between calls) writes the top-k and lse.
-  float* tail_tmax = nullptr;
-  float2* tail_rec = nullptr;
-  unsigned* tail_ticket = nullptr;
-  float* tail_values = nullptr;  // [M, k]
-  int* tail_ids = nullptr;       // [M, k]
-  float* tail_lse = nullptr;     // [M]
   int st_spg = 1;               // staged / GEMM kernel, groups longer than a stage: stages per group
                                 // (the launcher sets it from LogitsPlan::stages_per_group)
 };

@@ -15,16 +15,6 @@ __device__ __forceinline__ float ex2_ftz(float x) {
   return y;
 }
 
-// (m, s) += (m2, s2) for online log-sum-exps (Σ exp(l − m)): taken relative to the larger max,
-// exact where the maxima tie (inf too), no NaN from two −inf maxima (a −inf side's s is 0 and
-// its scale unused) — equality tests instead of branches.
-__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  const float n = fmaxf(m, m2);
-  s = (m == n ? s : s * ex2_ftz((m - n) * kLog2e)) + (m2 == n ? s2 : s2 * ex2_ftz((m2 - n) * kLog2e));
-  m = n;
-}
-
 // ---- tile epilogues (shared by the kernels below) ----------------------------------
 //
 // A finished tile: acc[r][n] is the m16n8 C fragment of rows

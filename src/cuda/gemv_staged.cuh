@@ -2,7 +2,6 @@
 #pragma once
 
 #include "epilogue.cuh"
-#include "epilogue_tail_select.cuh"
 #include "epilogue_topk_pool.cuh"
 #include "x_layout.cuh"
 
@@ -50,20 +49,14 @@ namespace qhead::cuda_detail {
 //
 //   BITS 4|8 · T · C bytes per row per stage (64|128) · RT row tiles per warp ·
 //   NS stages · GS 16-byte segments per group when a group fits a stage (1, 2,
-//   4), 0 when a group spans stages (a.st_spg stages) · ASYM · EPI the epilogue (kStagedStore: the
-//   logits, and the tile summaries where a.tile_part is set; kStagedPools; kStagedTail) · CH
+//   4), 0 when a group spans stages (a.st_spg stages) · ASYM · TOPK · CH
 //   accumulator chains per group (1|2: the two k-blocks of a segment alternate,
 //   halving the dependent MMA chain) · NW warps per CTA.
 
 
-enum : int { kStagedStore = 0, kStagedPools = 1, kStagedTail = 2 };
-
-// The tail select's instances are held to two CTAs per SM (128 registers, what the plain GEMV
-// takes): its selection code, run once per grid, must not cost the GEMV its occupancy.
-template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, int EPI, int CH, int NW, int NT>
-__global__ void __launch_bounds__(NW * 32, EPI == kStagedTail ? 2 : 1) logits_gemv_staged_kernel(const LogitsArgs a) {
-  constexpr bool TOPK = EPI == kStagedPools, TAIL = EPI == kStagedTail;
-  static_assert(!(TOPK || TAIL) || NT == 1, "the top-k epilogues keep 8 columns");
+template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK, int CH, int NW, int NT>
+__global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const LogitsArgs a) {
+  static_assert(!TOPK || NT == 1, "the top-k epilogue keeps pools for 8 columns");
   constexpr int kWarps = NW;
   constexpr int SPS = C / 16;          // 16-byte segments per row per stage
   constexpr int P = C + 16;            // shared row pitch (bytes)
@@ -131,11 +124,9 @@ __global__ void __launch_bounds__(NW * 32, EPI == kStagedTail ? 2 : 1) logits_ge
   TopkAll<RT> tk;
   if constexpr (TOPK) tk.init(a, st_smem + xs + kWarps * wbytes);
   cta_sync();
-  if constexpr (!TOPK && !TAIL) {
+  if constexpr (!TOPK) {
     if (my_tiles == 0) return;
   }
-  TailLse<RT, NT> tl;
-  if constexpr (TAIL) tl.init();
   const uint32_t code_s = smem_u32(wsm);
   unsigned char* sbuf0 = wsm + NS * STAGE;
   unsigned char* zbuf0 = sbuf0 + 2 * sblk;
@@ -350,10 +341,7 @@ __global__ void __launch_bounds__(NW * 32, EPI == kStagedTail ? 2 : 1) logits_ge
       }
       if (++cst == nst) {  // the tile is done
         if constexpr (TOPK) tk.append(a, acc, ct * ROWS, g, t);
-        else if constexpr (TAIL) {
-          store_tile<RT, NT>(a, acc, ct * ROWS, 0, g, t);
-          tl.add(a, acc, ct * ROWS, g, t);
-        } else {
+        else {
           store_tile<RT, NT>(a, acc, ct * ROWS, 0, g, t);
           if (a.tile_part) store_tile_summary<RT, NT>(a, acc, ct * ROWS, g, t);
         }
@@ -370,11 +358,6 @@ __global__ void __launch_bounds__(NW * 32, EPI == kStagedTail ? 2 : 1) logits_ge
   }
   cp_async_wait<0>();  // no copy outlives the kernel (the trailing empty groups)
   if constexpr (TOPK) tk.finish(a, st_smem + xs, g, t);  // the stage rings are free now
-  if constexpr (TAIL) {
-    tl.store(a, warp, nwarps, g, t);
-    static_assert(!TAIL || ROWS == kTailRows, "the tail select takes 16-row tiles");
-    if (tail_last_cta(a, st_smem)) tail_select_run(a, st_smem, int(nwarps));  // the shared memory is free now
-  }
 }
 
 }  // namespace qhead::cuda_detail

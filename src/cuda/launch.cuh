@@ -107,41 +107,33 @@ void launch_regring(const LogitsArgs& a, const LogitsPlan& p, cudaStream_t s) {
 
 // ---- staged GEMV -------------------------------------------------------------------------
 
-template <int C_, int GS_, bool ASYM_, int EPI_, int NT_>
+template <int C_, int GS_, bool ASYM_, bool TOPK_, int NT_>
 struct StagedConfig {
-  static constexpr int C = C_, GS = GS_, NT = NT_, EPI = EPI_;
-  static constexpr bool ASYM = ASYM_, TOPK = EPI_ == kStagedPools, TAIL = EPI_ == kStagedTail;
+  static constexpr int C = C_, GS = GS_, NT = NT_;
+  static constexpr bool ASYM = ASYM_, TOPK = TOPK_;
 };
 
 // Calls f(StagedConfig<...>()) for the plan's staged configuration: 128- or
-// (4-bit, no pools) 64-byte stages; two column tiles above 8 columns (the
-// logits alone); the pool epilogue with 128-byte stages and one column tile;
-// the tail select with one column tile.
+// (4-bit, no epilogue) 64-byte stages; two column tiles above 8 columns (no
+// epilogue); the pool epilogue with 128-byte stages and one column tile.
 template <int BITS, class F>
 void with_staged_config(const LogitsPlan& p, bool asym, F&& f) {
   if (p.row_tiles != kStagedRowTiles || p.stages != kStagedStages || p.warps != kStagedWarps)
     plan_not_compiled(p, "the staged GEMV is compiled for one row tile, 3 stages and 8 warps");
-  const bool topk = p.epilogue == LogitsEpilogue::kTopkPools, tail = p.epilogue == LogitsEpilogue::kTailSelect;
+  const bool topk = p.epilogue == LogitsEpilogue::kTopkPools;
   with_asym(asym, [&](auto as) {
     constexpr bool ASYM = decltype(as)::value;
     with_group_segs<true>(p, [&](auto gs) {
       constexpr int GS = decltype(gs)::value;
       if (topk) {
-        if (p.stage_bytes == 128 && p.col_tiles == 1) return f(StagedConfig<128, GS, ASYM, kStagedPools, 1>());
-      } else if (tail) {
-        if (p.col_tiles == 1) {
-          if (p.stage_bytes == 128) return f(StagedConfig<128, GS, ASYM, kStagedTail, 1>());
-          if constexpr (BITS == 4) {
-            if (p.stage_bytes == 64) return f(StagedConfig<64, GS, ASYM, kStagedTail, 1>());
-          }
-        }
+        if (p.stage_bytes == 128 && p.col_tiles == 1) return f(StagedConfig<128, GS, ASYM, true, 1>());
       } else if (p.stage_bytes == 128) {
-        if (p.col_tiles == 2) return f(StagedConfig<128, GS, ASYM, kStagedStore, 2>());
-        if (p.col_tiles == 1) return f(StagedConfig<128, GS, ASYM, kStagedStore, 1>());
+        if (p.col_tiles == 2) return f(StagedConfig<128, GS, ASYM, false, 2>());
+        if (p.col_tiles == 1) return f(StagedConfig<128, GS, ASYM, false, 1>());
       } else if (p.stage_bytes == 64) {
         if constexpr (BITS == 4) {
-          if (p.col_tiles == 2) return f(StagedConfig<64, GS, ASYM, kStagedStore, 2>());
-          if (p.col_tiles == 1) return f(StagedConfig<64, GS, ASYM, kStagedStore, 1>());
+          if (p.col_tiles == 2) return f(StagedConfig<64, GS, ASYM, false, 2>());
+          if (p.col_tiles == 1) return f(StagedConfig<64, GS, ASYM, false, 1>());
         }
       }
       plan_not_compiled(p, "no staged configuration is compiled for these stages and tiles");
@@ -151,7 +143,7 @@ void with_staged_config(const LogitsPlan& p, bool asym, F&& f) {
 
 template <int BITS, class T, class Cfg>
 constexpr auto staged_kernel() {
-  return logits_gemv_staged_kernel<BITS, T, Cfg::C, kStagedRowTiles, kStagedStages, Cfg::GS, Cfg::ASYM, Cfg::EPI,
+  return logits_gemv_staged_kernel<BITS, T, Cfg::C, kStagedRowTiles, kStagedStages, Cfg::GS, Cfg::ASYM, Cfg::TOPK,
                                    kStagedChains, kStagedWarps, Cfg::NT>;
 }
 
@@ -189,8 +181,6 @@ void launch_staged(const LogitsArgs& args, const LogitsPlan& p, cudaStream_t s) 
         occ_smem = size_t(p.smem_bytes);
       }
       grid = std::min<int64_t>(want, int64_t(sm_count()) * occ);
-      // The tail select reads one record per warp: at most kTailMaxRecords.
-      if constexpr (Cfg::TAIL) grid = std::min<int64_t>(grid, cuda_plan::kTailMaxRecords / kStagedWarps);
     }
     if (p.x_prebuilt) {
       const int n = a.M * a.H / 4 + staged_zero_bytes(BITS, Cfg::C) / 16;

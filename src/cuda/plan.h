@@ -33,8 +33,6 @@ enum class LogitsEpilogue : uint8_t {
   kStoreTiles, // staged GEMV: the logits to out, and each warp tile's (max, Σ exp) per column (tile_select)
   kTopkPools,  // staged GEMV, M <= 8: per-CTA pools in shared memory → each CTA's best k and (max, Σ exp)
   kTopkLists,  // warp-specialized wgmma GEMM: candidate lists above a sampled threshold, sums below it
-  kTailSelect, // staged GEMV, M <= 8: the logits to out, each warp's (max, Σ exp) per column; the last CTA to
-               // finish selects each column's top-k from the warps whose max can reach its k-th logit
 };
 
 // How a top-k is computed.
@@ -44,11 +42,10 @@ enum class TopkPath : uint8_t {
   kLogitsThenSelect,  // logits into a workspace, then slice selection and the merge levels
   kTileSelect,        // the staged GEMV stores the logits and each 16-row tile's (max, Σ exp); one block per
                       // row selects from the tiles whose max can reach the row's k-th logit
-  kTailSelect,        // the staged GEMV's tail select: no launch after the GEMV (epilogue kTailSelect)
 };
 
 const char* logits_kernel_name(LogitsKernel k);  // "gemv_staged", ...
-const char* topk_path_name(TopkPath p);  // "pool_epilogue", "lists", "logits_then_select", "tile_select", "tail_select"
+const char* topk_path_name(TopkPath p);          // "pool_epilogue", "lists", "logits_then_select", "tile_select"
 
 // One logits call: the table's scheme and the call's shape.
 struct LogitsProblem {
@@ -107,7 +104,7 @@ struct LogitsOverrides {
 
   // From the environment (documented in docs/architecture.md#kernel-plan):
   //   QHEAD_CUDA_LOGITS_KERNEL     gemv_regring | gemv_staged | gemm_mma_sync | gemm_wgmma | gemm_wgmma_ws | cublas
-  //   QHEAD_CUDA_TOPK_PATH         pool_epilogue | lists | logits_then_select | tile_select | tail_select
+  //   QHEAD_CUDA_TOPK_PATH         pool_epilogue | lists | logits_then_select | tile_select
   //   QHEAD_CUDA_STAGED_CTA_X      bytes, 0 to 1048576
   //   QHEAD_CUDA_DEPENDENT_LAUNCH  0 | 1
   // An unset or empty variable is no override; any other value that is not
@@ -193,10 +190,5 @@ constexpr int64_t kSlice = int64_t(kSelThreads) * kSelPer;  // logits per select
 constexpr int kTileThreads = 1024;       // threads of a tile-select block (one per row)
 constexpr int kTileHotPer = 8;           // candidate entries a tile-select block gathers, per thread
 constexpr int kTileStaticSmem = 24 * 1024;  // a tile-select block's static shared memory, at most
-// The staged GEMV's tail select (epilogue kTailSelect; src/cuda/epilogue_tail_select.cuh).
-constexpr int kTailMaxRecords = 4096;  // GEMV warps per column it reads (the launcher caps the grid to fit)
-constexpr int kTailHotMax = 256;       // warps whose rows it gathers; more (heavy ties): the whole row
-constexpr int kTailCands = 2048;       // candidate logits it gathers; more (heavy ties): the whole row
-constexpr int kTailSmem = 56 * 1024;   // its shared memory (inside the GEMV's dynamic shared memory)
 
 }  // namespace qhead::cuda_plan

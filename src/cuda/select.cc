@@ -84,9 +84,6 @@ constexpr int kSelSmallPer = kSelPer / 4;
 // 262144x2560 w4g128 M = 1 111.6 vs 116.1; docs/tuning-notes.md, "Top-k
 // selection").
 constexpr int64_t kTileSelectMinM = 1;
-// The staged GEMV's tail select up to this many columns (one column tile; its last CTA selects the
-// columns one after another).
-constexpr int64_t kTailSelectMaxM = 8;
 constexpr int kSelSmallWavesBlocks = 16;  // blocks per SM
 
 // Reasons, as the plan prints them.
@@ -319,7 +316,6 @@ const char* topk_path_name(TopkPath p) {
     case TopkPath::kLists: return "lists";
     case TopkPath::kLogitsThenSelect: return "logits_then_select";
     case TopkPath::kTileSelect: return "tile_select";
-    case TopkPath::kTailSelect: return "tail_select";
   }
   return "?";
 }
@@ -334,12 +330,10 @@ LogitsKernel parse_logits_kernel(const std::string& name, const char* what) {
 }
 
 TopkPath parse_topk_path(const std::string& name, const char* what) {
-  for (TopkPath p : {TopkPath::kPoolEpilogue, TopkPath::kLists, TopkPath::kLogitsThenSelect, TopkPath::kTileSelect,
-                     TopkPath::kTailSelect})
+  for (TopkPath p : {TopkPath::kPoolEpilogue, TopkPath::kLists, TopkPath::kLogitsThenSelect, TopkPath::kTileSelect})
     if (name == topk_path_name(p)) return p;
   throw Error(ErrorCode::kInvalidArgument, what,
-              "'" + name +
-                  "' is not a top-k path; one of pool_epilogue, lists, logits_then_select, tile_select, tail_select");
+              "'" + name + "' is not a top-k path; one of pool_epilogue, lists, logits_then_select, tile_select");
 }
 
 std::string LogitsProblem::describe() const {
@@ -367,7 +361,6 @@ std::string LogitsPlan::describe() const {
   if (epilogue == LogitsEpilogue::kTopkPools)
     s += " +pools(cols=" + std::to_string(pool_cols) + " cap=" + std::to_string(pool_cap) + " grid=" + std::to_string(grid) + ")";
   if (epilogue == LogitsEpilogue::kStoreTiles) s += " +tile_summaries";
-  if (epilogue == LogitsEpilogue::kTailSelect) s += " +tail_select";
   if (epilogue == LogitsEpilogue::kTopkLists)
     s += " +lists(segs=" + std::to_string(list_segments) + " cap=" + std::to_string(list_seg_cap) + " grid=" + std::to_string(grid) + ")";
   if (*reason) s += std::string(" (") + reason + ")";
@@ -561,24 +554,6 @@ std::optional<TopkPlan> tile_select(const LogitsProblem& p, int64_t k, const Dev
   return t;
 }
 
-// kTailSelect: the staged GEMV with one column tile (M <= 8), its shared memory raised to the
-// tail's where it is less.
-std::optional<TopkPlan> tail_select(const LogitsProblem& p, int64_t k, const DeviceInfo& d, const LogitsOverrides& ov,
-                                    Backend backend, const char* why) {
-  if (k > kTopkGather) return std::nullopt;
-  LogitsOverrides lov = ov;
-  lov.topk_path.reset();
-  TopkPlan t;
-  t.main = select_logits_kernel(p, d, lov, backend);
-  if (t.main.kernel != LogitsKernel::kGemvStaged || t.main.col_tiles != 1) return std::nullopt;
-  t.main.smem_bytes = std::max(t.main.smem_bytes, kTailSmem);
-  if (t.main.smem_bytes > d.smem_optin) return std::nullopt;
-  t.path = TopkPath::kTailSelect;
-  t.main.epilogue = LogitsEpilogue::kTailSelect;
-  t.reason = why;
-  return t;
-}
-
 }  // namespace
 
 bool dependent_launch(const DeviceInfo& d, const LogitsOverrides& ov) {
@@ -628,7 +603,6 @@ TopkPlan topk_path(const LogitsProblem& p, int64_t k, const DeviceInfo& d, const
       case TopkPath::kLists: forced = lists(); break;
       case TopkPath::kLogitsThenSelect: return logits_then_select(p, k, d, ov, backend, kWhyForced);
       case TopkPath::kTileSelect: forced = tile_select(p, k, d, ov, backend, kWhyForced); break;
-      case TopkPath::kTailSelect: forced = tail_select(p, k, d, ov, backend, kWhyForced); break;
     }
     if (forced) {
       forced->reason = kWhyForced;
@@ -647,11 +621,6 @@ TopkPlan topk_path(const LogitsProblem& p, int64_t k, const DeviceInfo& d, const
     t->note = note;
     return *t;
   }
-  if (p.M <= kTailSelectMaxM)
-    if (auto ts = tail_select(p, k, d, ov, backend, "the default where the staged GEMV runs one column tile")) {
-      ts->note = note;
-      return *ts;
-    }
   if (p.M >= kTileSelectMinM)
     if (auto ts = tile_select(p, k, d, ov, backend, "the default where the staged GEMV runs: its tile summaries")) {
       ts->note = note;

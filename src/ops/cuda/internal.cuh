@@ -40,8 +40,6 @@ enum WorkspaceSlot : int {
   kWsEmbedFlag,        // embed's out-of-range flag
   kWsSample,           // sample's candidates, partial maxima and pending flags
   kWsSampleSort,       // sample's whole-row draw: sorted rows, ids, segment offsets, CUB's temporary storage
-  kWsTailTicket,       // the tail select's count of finished CTAs (zeroed at allocation, zero between calls;
-                       // nothing else writes it)
   kWsCount
 };
 // Grow-only scratch buffer `slot` of at least `bytes` (stream-ordered reuse).

@@ -227,26 +227,6 @@ TopkPlan run_topk(const Table& table, const TensorView& x, int64_t k, const Tens
                         plan.dependent_launch);
       break;
     }
-    case TopkPath::kTailSelect: {
-      const int64_t V = problem.V;
-      const size_t lbytes = (size_t(problem.M * V) * sizeof(float) + 15) / 16 * 16;  // then the records, the tile maxima
-      const size_t rbytes = size_t(problem.M) * cuda_plan::kTailMaxRecords * sizeof(float2);
-      const int64_t tiles = (V + 15) / 16;
-      char* w = static_cast<char*>(workspace(kWsLogits, lbytes + rbytes + size_t(problem.M * tiles) * sizeof(float)));
-      LogitsArgs a = kernel_args(table, x);
-      a.out = reinterpret_cast<float*>(w);
-      a.ldo = V;
-      a.k = int(k);
-      a.tail_rec = reinterpret_cast<float2*>(w + lbytes);
-      a.tail_tmax = reinterpret_cast<float*>(w + lbytes + rbytes);
-      a.tile_ld = tiles;
-      a.tail_ticket = static_cast<unsigned*>(workspace(kWsTailTicket, sizeof(unsigned)));
-      a.tail_values = ov_;
-      a.tail_ids = oi;
-      a.tail_lse = ol;
-      launch(problem, a, plan.main);
-      break;
-    }
   }
   return plan;
 }

@@ -171,6 +171,16 @@ struct TileSelectSmem {
 static_assert(sizeof(TileSelectSmem) <= cuda_plan::kTileStaticSmem, "plan.h: kTileStaticSmem");
 static_assert(sizeof(SelectSmem::pool) >= cuda_plan::kTileThreads * sizeof(unsigned), "rank counters");
 
+// (m, s) += (m2, s2) for online log-sum-exps (Σ exp(l − m)): taken relative to the larger max,
+// exact where the maxima tie (inf too), no NaN from two −inf maxima (a −inf side's s is 0 and
+// its scale unused) — equality tests instead of branches.
+__device__ __forceinline__ void lse_merge(float& m, float& s, float m2, float s2) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float n = fmaxf(m, m2);
+  s = (m == n ? s : s * ex2_ftz((m - n) * kLog2e)) + (m2 == n ? s2 : s2 * ex2_ftz((m2 - n) * kLog2e));
+  m = n;
+}
+
 // Q: the thread maxima each warp offers to the bound (k <= 32·Q).
 template <int Q>
 __global__ void __launch_bounds__(cuda_plan::kTileThreads) topk_tile_select_kernel(const TileSelectArgs a) {
