@@ -330,15 +330,17 @@ inline std::vector<LogitsCase> every_m_cases(int mode) {
   return out;
 }
 
-// The staged GEMV's configurations (M <= 16): 128-byte stages (H = 2560) and
-// 64-byte ones (4-bit H = 640), one or two activation tiles, partial tiles.
+// The staged GEMV's configurations (M <= 32): 128-byte stages (H = 2560) and
+// 64-byte ones (4-bit H = 640), one, two or four activation tiles, partial
+// tiles (M = 2, 12, 20); at H = 2560, M = 20 its activations are built once
+// per call (104 KB) and M = 32 does not fit (the mma.sync GEMM runs).
 inline std::vector<LogitsCase> staged_gemv_cases() {
   std::vector<LogitsCase> out;
   int n = 1916;
   for (int64_t h : {640, 2560})
     for (int bits : {4, 8})
       for (int group : {32, 64, 128, -1})
-        for (int64_t m : {2, 9, 12}) {
+        for (int64_t m : {2, 9, 12, 20, 32}) {
           const cases_detail::Rot r{n++};
           out.push_back(cases_detail::cuda_case(bits, group, r.sym(), r.act(), r.scale(), 1001, h, m));
         }

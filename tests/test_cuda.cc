@@ -181,7 +181,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaLogits, testing::ValuesIn(logits_params()), 
 // overrides: the GEMVs up to M = 256, the GEMMs down to M = 1, so each is
 // checked on the shapes the others normally take; each run asserts the plan
 // named the forced kernel. A family that cannot take a case (the staged GEMV
-// above 16 columns, the wgmma GEMMs off sm_90) is skipped there, and the test
+// above 32 columns, the wgmma GEMMs off sm_90) is skipped there, and the test
 // counts the cases each family ran.
 TEST(Cuda, LogitsEveryKernelAtEveryM) {
   SKIP_WITHOUT_GPU();
@@ -202,12 +202,12 @@ TEST(Cuda, LogitsEveryKernelAtEveryM) {
       check_logits(c, Backend::kFused, k);
       ++ran;
     }
-    if (k == LogitsKernel::kGemvStaged) EXPECT_EQ(ran, 2 * 3 * 4) << "the staged GEMV at M <= 16";
+    if (k == LogitsKernel::kGemvStaged) EXPECT_EQ(ran, 2 * 3 * 5) << "the staged GEMV at M <= 32";
     else if (k == LogitsKernel::kGemmWgmma || k == LogitsKernel::kGemmWgmmaWs) EXPECT_EQ(ran, wgmma ? int(cases.size()) : 0);
     else EXPECT_EQ(ran, int(cases.size())) << cuda_plan::logits_kernel_name(k);
   }
-  // The staged GEMV's configurations (M <= 16): 128-byte stages (H = 2560) and
-  // 64-byte ones (4-bit H = 640), one or two activation tiles, partial tiles.
+  // The staged GEMV's configurations (M <= 32): 128-byte stages (H = 2560) and
+  // 64-byte ones (4-bit H = 640), one, two or four activation tiles, partial tiles.
   for (const LogitsCase& c : staged_gemv_cases()) check_logits(c, Backend::kFused);
   // H whose stage count is odd or a group spans several stages (8-bit g128: 2 stages; per row).
   for (const LogitsCase& c : odd_stage_cases()) check_logits(c, Backend::kAuto);

@@ -58,7 +58,7 @@ TEST(KernelPlan, H200LogitsByM) {
   const Row rows[] = {
       {1, LogitsKernel::kGemvStaged, 1, 0},    {8, LogitsKernel::kGemvStaged, 1, 0},
       {9, LogitsKernel::kGemvStaged, 2, 0},    {16, LogitsKernel::kGemvStaged, 2, 0},
-      {17, LogitsKernel::kGemmMmaSync, 4, 32}, {32, LogitsKernel::kGemmMmaSync, 4, 32},
+      {17, LogitsKernel::kGemvStaged, 4, 0},   {32, LogitsKernel::kGemvStaged, 4, 0},
       {33, LogitsKernel::kGemmWgmma, 0, 64},   {64, LogitsKernel::kGemmWgmma, 0, 64},
       {65, LogitsKernel::kGemmWgmmaWs, 0, 128}, {256, LogitsKernel::kGemmWgmmaWs, 0, 128},
   };
@@ -77,18 +77,40 @@ TEST(KernelPlan, H200LogitsByM) {
   EXPECT_EQ(s.group_segs, 2);
   EXPECT_FALSE(s.x_prebuilt);
   EXPECT_GT(s.smem_bytes, 0);
+  // Above 16 columns: four column tiles; 8-bit rows take 16 warps where they fit (one copy of
+  // the activations per SM), else 8; 4-bit rows 8. The override takes 8-bit rows back to 8.
+  const LogitsPlan w4 = pick(problem(4, 64, 151936, 1024, 32));
+  EXPECT_EQ(w4.warps, 8);
+  const LogitsPlan w8 = pick(problem(8, 128, 151936, 1024, 24));
+  EXPECT_EQ(w8.kernel, LogitsKernel::kGemvStaged);
+  EXPECT_EQ(w8.col_tiles, 4);
+  EXPECT_EQ(w8.warps, 16);
+  EXPECT_LE(w8.smem_bytes, DeviceInfo::h200().smem_optin);
+  const LogitsPlan w8big = pick(problem(8, 32, 262144, 2560, 20));  // 16 warps: 235008 bytes
+  EXPECT_EQ(w8big.kernel, LogitsKernel::kGemvStaged);
+  EXPECT_TRUE(w8big.x_prebuilt);
+  EXPECT_EQ(w8big.warps, 8);
+  EXPECT_LE(w8big.smem_bytes, DeviceInfo::h200().smem_optin);
+  EXPECT_EQ(pick(problem(8, 128, 151936, 1024, 16)).warps, 8);
+  LogitsOverrides eight;
+  eight.staged_warps = 8;
+  EXPECT_EQ(pick(problem(8, 128, 151936, 1024, 24), DeviceInfo::h200(), Backend::kAuto, eight).warps, 8);
   // The warp-specialized GEMM's 4-bit stages are 64 bytes, 8-bit ones 128.
   EXPECT_EQ(pick(problem(4, 64, 151936, 1024, 256)).stage_bytes, 64);
   EXPECT_EQ(pick(problem(8, 128, 151936, 1024, 256)).stage_bytes, 128);
 }
 
 TEST(KernelPlan, Sm80HasNoWgmma) {
-  for (int64_t M : {17, 33, 64, 65, 256}) {
+  for (int64_t M : {33, 64, 65, 256}) {
     const LogitsPlan plan = pick(problem(4, 64, 151936, 1024, M), sm80());
     EXPECT_EQ(plan.kernel, LogitsKernel::kGemmMmaSync) << M;
-    EXPECT_EQ(plan.col_tiles, M <= 32 ? 4 : 8) << M;
+    EXPECT_EQ(plan.col_tiles, 8) << M;
   }
-  EXPECT_EQ(pick(problem(4, 64, 151936, 1024, 1), sm80()).kernel, LogitsKernel::kGemvStaged);
+  for (int64_t M : {1, 32}) EXPECT_EQ(pick(problem(4, 64, 151936, 1024, M), sm80()).kernel, LogitsKernel::kGemvStaged);
+  // Where the staged GEMV's activations do not fit (M = 32 at H = 4096: 264 KB), the mma.sync GEMM.
+  const LogitsPlan wide = pick(problem(4, 128, 128256, 4096, 32), sm80());
+  EXPECT_EQ(wide.kernel, LogitsKernel::kGemmMmaSync);
+  EXPECT_EQ(wide.col_tiles, 4);
 }
 
 TEST(KernelPlan, GroupLayoutsTheGemmsCannotTake) {
@@ -159,10 +181,10 @@ TEST(KernelPlan, OverridesForceAKernelOrSayWhyNot) {
   EXPECT_EQ(ws.kernel, LogitsKernel::kGemmWgmmaWs);
   EXPECT_EQ(ws.block_cols, 64);
   EXPECT_TRUE(ws.note.empty());
-  // The staged GEMV takes at most 16 columns: the override is refused and the plan says so.
+  // The staged GEMV takes at most 32 columns: the override is refused and the plan says so.
   ov.kernel = LogitsKernel::kGemvStaged;
-  const LogitsPlan refused = pick(problem(4, 64, 151936, 1024, 17), DeviceInfo::h200(), Backend::kFused, ov);
-  EXPECT_EQ(refused.kernel, LogitsKernel::kGemmMmaSync);
+  const LogitsPlan refused = pick(problem(4, 64, 151936, 1024, 33), DeviceInfo::h200(), Backend::kFused, ov);
+  EXPECT_EQ(refused.kernel, LogitsKernel::kGemmWgmma);
   EXPECT_NE(refused.note.find("gemv_staged was forced but cannot take"), std::string::npos) << refused.note;
   // No wgmma on sm_80.
   ov.kernel = LogitsKernel::kGemmWgmma;
@@ -225,6 +247,10 @@ TEST(KernelPlan, EnvironmentOverridesAreValidated) {
     ScopedEnv e("QHEAD_CUDA_TOPK_PATH", "pools");
     EXPECT_THROW((void)LogitsOverrides::from_env(), Error);
   }
+  for (const char* bad : {"4", "32", "16 ", "x"}) {
+    ScopedEnv e("QHEAD_CUDA_STAGED_WARPS", bad);
+    EXPECT_THROW((void)LogitsOverrides::from_env(), Error) << bad;
+  }
   for (const char* name : {"QHEAD_CUDA_DEPENDENT_LAUNCH"})
     for (const char* bad : {"yes", "2", "on", " 1"}) {
       ScopedEnv e(name, bad);
@@ -244,10 +270,12 @@ TEST(KernelPlan, EnvironmentOverridesAreValidated) {
   ScopedEnv k("QHEAD_CUDA_LOGITS_KERNEL", "gemm_mma_sync");
   ScopedEnv t("QHEAD_CUDA_TOPK_PATH", "lists");
   ScopedEnv x("QHEAD_CUDA_STAGED_CTA_X", "4096");
+  ScopedEnv w("QHEAD_CUDA_STAGED_WARPS", "8");
   const LogitsOverrides ov = LogitsOverrides::from_env();
   EXPECT_EQ(ov.kernel, LogitsKernel::kGemmMmaSync);
   EXPECT_EQ(ov.topk_path, TopkPath::kLists);
   EXPECT_EQ(ov.staged_cta_x, 4096);
+  EXPECT_EQ(ov.staged_warps, 8);
   ScopedEnv empty("QHEAD_CUDA_LOGITS_KERNEL", "");
   EXPECT_FALSE(LogitsOverrides::from_env().kernel.has_value());
 }
@@ -266,10 +294,10 @@ TEST(KernelPlan, TopkPaths) {
   EXPECT_EQ(a16.tile_rows, 16);
   EXPECT_EQ(a16.tile_smem, 9496 * 4 + kTileThreads * kTileHotPer * 8);
   EXPECT_NE(a16.describe().find("+tile_summaries"), std::string::npos) << a16.describe();
-  // ... at every M the staged GEMV takes; M = 17 (no staged GEMV) takes logits, then selection.
-  for (int64_t M : {1, 3, 8})
+  // ... at every M the staged GEMV takes; M = 33 (no staged GEMV) takes logits, then selection.
+  for (int64_t M : {1, 3, 8, 17, 32})
     EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, M), 50, Backend::kAuto).path, TopkPath::kTileSelect) << M;
-  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 17), 50, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
+  EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 33), 50, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
   // Not above the epilogues' k, nor where the tile maxima outgrow the block's shared memory.
   EXPECT_EQ(topk_plan(problem(4, 64, 151936, 1024, 16), 257, Backend::kAuto).path, TopkPath::kLogitsThenSelect);
   EXPECT_EQ(topk_plan(problem(4, 64, 262144, 2560, 16), 50, Backend::kAuto).path, TopkPath::kTileSelect);

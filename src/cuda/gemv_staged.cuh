@@ -7,7 +7,7 @@
 
 namespace qhead::cuda_detail {
 
-// ---- the shared-memory staged GEMV (M <= 16) ----------------------------------
+// ---- the shared-memory staged GEMV (M <= 32) ----------------------------------
 //
 // Why. ncu on the register-ring GEMV showed it latency- and
 // instruction-bound: per 512-byte warp chunk ~180 instructions, most of them
@@ -37,8 +37,8 @@ namespace qhead::cuda_detail {
 // that the lanes of columns >= M read, so B loads carry no predicates), each
 // lane's two k-blocks as one 16-byte load at a constant offset per stage.
 // Up to a plan's threshold (select.cc, kStagedCtaX) a CTA builds them from x itself (16-byte loads,
-// eight in flight per thread, byte permutes); larger ones (M = 16 at
-// H >= 2560: one CTA per SM) staged_x_kernel builds once per call and each
+// eight in flight per thread, byte permutes); larger ones (M >= 15 at
+// H = 2560, M >= 9 at H = 4096) staged_x_kernel builds once per call and each
 // CTA copies them flat with cp.async.
 //
 // Stage size (docs/tuning-notes.md, "The staged GEMV"). With 64-byte stages a warp reads 16·RT
@@ -51,7 +51,9 @@ namespace qhead::cuda_detail {
 //   NS stages · GS 16-byte segments per group when a group fits a stage (1, 2,
 //   4), 0 when a group spans stages (a.st_spg stages) · ASYM · TOPK · CH
 //   accumulator chains per group (1|2: the two k-blocks of a segment alternate,
-//   halving the dependent MMA chain) · NW warps per CTA.
+//   halving the dependent MMA chain; with NT > 1 the tiles' MMAs are the
+//   independent chains) · NW warps per CTA (8; 16 for 8-bit with NT = 4) · NT
+//   8-column activation tiles per warp (1|2|4), sharing each A fragment.
 
 
 template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK, int CH, int NW, int NT>
@@ -136,25 +138,23 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
   const char* scale = static_cast<const char*>(a.scale);
   const int64_t s_end = a.V * a.groups * sbytes;                       // bytes of the scale tensor
   const int64_t z_end = ASYM ? ((a.V * BITS + 31) / 32) * a.groups : 0;  // words of the zero points
+  // A lane's copy j is segment lane % SPS of row lane / SPS + j·RPC: one
+  // source pointer, one destination and a mask of the rows inside V (copies
+  // of rows past V read nothing: a source size of 0 zero-fills them).
+  constexpr int RPC = 32 / SPS;  // rows apart of a lane's copies
+  static_assert(32 % SPS == 0, "a lane's copies are whole rows apart");
   int it = 0, ist = 0;  // tile (of this warp's) and stage being copied
-  const char* src[CPL];
-  int srcb[CPL];
-  uint32_t dst[CPL];
-#pragma unroll
-  for (int j = 0; j < CPL; ++j) {
-    const int q = lane + 32 * j;
-    dst[j] = uint32_t((q / SPS) * P + (q % SPS) * 16);
-  }
+  const char* src = packed;
+  const int64_t src_step = RPC * row_bytes;
+  unsigned inside = 0;  // bit j: copy j's row is inside V
+  const uint32_t dst = uint32_t((lane / SPS) * P + (lane % SPS) * 16);
   auto point = [&]() {  // tile `it`: code pointers, then its scale and zero-point blocks
     const int64_t row0 = (warp + int64_t(it) * nwarps) * ROWS;
+    const int64_t r = row0 + lane / SPS;
+    src = packed + r * row_bytes + (lane % SPS) * 16;
+    inside = 0;
 #pragma unroll
-    for (int j = 0; j < CPL; ++j) {
-      const int q = lane + 32 * j;
-      int64_t row = row0 + q / SPS;
-      srcb[j] = row < a.V ? 16 : 0;
-      row = row < a.V ? row : a.V - 1;
-      src[j] = packed + row * row_bytes + (q % SPS) * 16;
-    }
+    for (int j = 0; j < CPL; ++j) inside |= (r + j * RPC < a.V ? 1u : 0u) << j;
     const uint32_t sb = smem_u32(sbuf0 + (it & 1) * sblk);
     const int64_t s0 = row0 * a.groups * sbytes;
     for (int p = lane; p < sblk / 16; p += 32) {
@@ -177,9 +177,10 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
       if (ist == 0) point();
 #pragma unroll
       for (int j = 0; j < CPL; ++j) {
-        cp_async<16>(code_s + slot * STAGE + dst[j], src[j], srcb[j]);
-        src[j] += C;
+        const bool in = (inside >> j) & 1u;
+        cp_async<16>(code_s + slot * STAGE + dst + j * RPC * P, in ? src + j * src_step : packed, in ? 16 : 0);
       }
+      src += C;
       if (++ist == nst) { ist = 0; ++it; }
     }
     cp_async_commit();
@@ -241,15 +242,10 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
         for (int sp = 0; sp < SPS / 2; ++sp)
           ldmatrix_x4(code_s + d * STAGE + r * 16 * P + sp * 32 + lane_off, w[r][2 * sp][0], w[r][2 * sp][1],
                       w[r][2 * sp + 1][0], w[r][2 * sp + 1][1]);
-      uint2 B[NT][SPS][KBS];
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int i = 0; i < SPS * KBS / 2; ++i) {
-          const uint4 q = *reinterpret_cast<const uint4*>(bp[n] + i * 64);
-          B[n][(2 * i) / KBS][(2 * i) % KBS] = make_uint2(q.x, q.y);
-          B[n][(2 * i + 1) / KBS][(2 * i + 1) % KBS] = make_uint2(q.z, q.w);
-        }
+      // B fragments are loaded where they are used, one 16-byte load per column
+      // tile for two k-blocks (Bq): loading a whole stage's up front held
+      // NT·SPS·KBS·2 registers (128 at NT = 4, 4-bit).
+      uint4 Bq[NT];
       const unsigned char* sbuf = sbuf0 + cb * sblk;
       const uint32_t* zbuf = reinterpret_cast<const uint32_t*>(zbuf0 + cb * zblk);
       // GS > 0: the scales of the stage's GPS groups for this lane's rows, read
@@ -297,6 +293,11 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
         }
 #pragma unroll
         for (int j = 0; j < KBS; ++j) {
+          const int f = sg * KBS + j;  // k-block of the stage; load f / 2 holds f and f + 1
+          if (f % 2 == 0) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n) Bq[n] = *reinterpret_cast<const uint4*>(bp[n] + (f / 2) * 64);
+          }
 #pragma unroll
           for (int r = 0; r < RT; ++r) {
             uint32_t A[4];
@@ -306,8 +307,9 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
             A[3] = dequant_pair<BITS, T>(w[r][sg][1], j, 1, bias[r][1], bias16[r][1], zoff[r][1]);
 #pragma unroll
             for (int n = 0; n < NT; ++n) {
-              if (CH == 2 && ((sg * KBS + j) & 1)) mma16816<T>(cacc2[r][n], A, B[n][sg][j].x, B[n][sg][j].y);
-              else mma16816<T>(cacc[r][n], A, B[n][sg][j].x, B[n][sg][j].y);
+              const uint32_t b0 = f % 2 ? Bq[n].z : Bq[n].x, b1 = f % 2 ? Bq[n].w : Bq[n].y;
+              if (CH == 2 && (f & 1)) mma16816<T>(cacc2[r][n], A, b0, b1);
+              else mma16816<T>(cacc[r][n], A, b0, b1);
             }
           }
         }

@@ -21,6 +21,7 @@ constexpr int kStagedRowTiles = 1;
 constexpr int kStagedStages = 3;
 constexpr int kStagedChains = 2;
 constexpr int kStagedWarps = 8;
+constexpr int kStagedWideWarps = 16;  // 8-bit rows, four column tiles (select.cc)
 
 // The activations in the staged kernel's B-fragment order: per column m a
 // 2H + 64-byte region (the pad puts consecutive columns half a bank row

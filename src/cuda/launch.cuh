@@ -107,44 +107,61 @@ void launch_regring(const LogitsArgs& a, const LogitsPlan& p, cudaStream_t s) {
 
 // ---- staged GEMV -------------------------------------------------------------------------
 
-template <int C_, int GS_, bool ASYM_, bool TOPK_, int NT_>
+template <int C_, int GS_, bool ASYM_, bool TOPK_, int NT_, int NW_ = kStagedWarps>
 struct StagedConfig {
-  static constexpr int C = C_, GS = GS_, NT = NT_;
+  static constexpr int C = C_, GS = GS_, NT = NT_, NW = NW_;
   static constexpr bool ASYM = ASYM_, TOPK = TOPK_;
 };
 
 // Calls f(StagedConfig<...>()) for the plan's staged configuration: 128- or
-// (4-bit, no epilogue) 64-byte stages; two column tiles above 8 columns (no
-// epilogue); the pool epilogue with 128-byte stages and one column tile.
+// (4-bit, no epilogue) 64-byte stages; two column tiles above 8 columns and
+// four above 16 (no epilogue); the pool epilogue with 128-byte stages and one
+// column tile.
 template <int BITS, class F>
 void with_staged_config(const LogitsPlan& p, bool asym, F&& f) {
-  if (p.row_tiles != kStagedRowTiles || p.stages != kStagedStages || p.warps != kStagedWarps)
-    plan_not_compiled(p, "the staged GEMV is compiled for one row tile, 3 stages and 8 warps");
+  if (p.row_tiles != kStagedRowTiles || p.stages != kStagedStages ||
+      (p.warps != kStagedWarps &&
+       !(BITS == 8 && p.warps == kStagedWideWarps && p.col_tiles == 4 && p.stage_bytes == 128)))
+    plan_not_compiled(p, "the staged GEMV is compiled for one row tile, 3 stages and 8 warps (16 for 8-bit rows "
+                         "with four column tiles)");
+  const bool wide = p.warps == kStagedWideWarps;
   const bool topk = p.epilogue == LogitsEpilogue::kTopkPools;
   with_asym(asym, [&](auto as) {
     constexpr bool ASYM = decltype(as)::value;
     with_group_segs<true>(p, [&](auto gs) {
       constexpr int GS = decltype(gs)::value;
-      if (topk) {
+      // 8-bit groups of one 16-byte segment (16 h) take no fused kernel (select.cc).
+      if constexpr (BITS == 8 && GS == 1) plan_not_compiled(p, "no staged kernel for 8-bit groups of 16");
+      else if (topk) {
         if (p.stage_bytes == 128 && p.col_tiles == 1) return f(StagedConfig<128, GS, ASYM, true, 1>());
       } else if (p.stage_bytes == 128) {
+        if (p.col_tiles == 4) {
+          if constexpr (BITS == 8) {
+            if (wide) return f(StagedConfig<128, GS, ASYM, false, 4, kStagedWideWarps>());
+          }
+          return f(StagedConfig<128, GS, ASYM, false, 4>());
+        }
         if (p.col_tiles == 2) return f(StagedConfig<128, GS, ASYM, false, 2>());
         if (p.col_tiles == 1) return f(StagedConfig<128, GS, ASYM, false, 1>());
       } else if (p.stage_bytes == 64) {
         if constexpr (BITS == 4) {
+          if (p.col_tiles == 4) return f(StagedConfig<64, GS, ASYM, false, 4>());
           if (p.col_tiles == 2) return f(StagedConfig<64, GS, ASYM, false, 2>());
           if (p.col_tiles == 1) return f(StagedConfig<64, GS, ASYM, false, 1>());
         }
       }
-      plan_not_compiled(p, "no staged configuration is compiled for these stages and tiles");
+      if constexpr (!(BITS == 8 && GS == 1))
+        plan_not_compiled(p, "no staged configuration is compiled for these stages and tiles");
     });
   });
 }
 
 template <int BITS, class T, class Cfg>
 constexpr auto staged_kernel() {
+  // Two accumulator chains per group for one column tile; with more, the
+  // tiles' MMAs are the independent chains.
   return logits_gemv_staged_kernel<BITS, T, Cfg::C, kStagedRowTiles, kStagedStages, Cfg::GS, Cfg::ASYM, Cfg::TOPK,
-                                   kStagedChains, kStagedWarps, Cfg::NT>;
+                                   Cfg::NT == 1 ? kStagedChains : 1, Cfg::NW, Cfg::NT>;
 }
 
 inline int smem_optin() {
@@ -164,7 +181,7 @@ void launch_staged(const LogitsArgs& args, const LogitsPlan& p, cudaStream_t s) 
     constexpr auto kernel = staged_kernel<BITS, T, Cfg>();
     allow_dynamic_smem<kernel>(smem_optin());
     LogitsArgs a = args;
-    const int64_t want = ((a.V + 15) / 16 + kStagedWarps - 1) / kStagedWarps;
+    const int64_t want = ((a.V + 15) / 16 + Cfg::NW - 1) / Cfg::NW;
     int64_t grid = 0;
     if constexpr (Cfg::TOPK) {
       grid = p.grid;  // the pools are sized for it
@@ -176,7 +193,7 @@ void launch_staged(const LogitsArgs& args, const LogitsPlan& p, cudaStream_t s) 
       static int occ = 1;
       if (size_t(p.smem_bytes) != occ_smem) {
         int b = 0;
-        QHEAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kStagedWarps * 32, p.smem_bytes));
+        QHEAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, Cfg::NW * 32, p.smem_bytes));
         occ = std::max(1, b);
         occ_smem = size_t(p.smem_bytes);
       }
@@ -189,7 +206,7 @@ void launch_staged(const LogitsArgs& args, const LogitsPlan& p, cudaStream_t s) 
       QHEAD_CUDA_CHECK_LAUNCH("staged_x_kernel");
       a.x_stage = a.x_frag;
     }
-    kernel<<<dim3(1u, unsigned(grid)), kStagedWarps * 32, p.smem_bytes, s>>>(a);
+    kernel<<<dim3(1u, unsigned(grid)), Cfg::NW * 32, p.smem_bytes, s>>>(a);
     QHEAD_CUDA_CHECK_LAUNCH("logits_gemv_staged_kernel");
   });
 }
@@ -203,7 +220,7 @@ int staged_occupancy(const LogitsPlan& p, bool asym, int smem_bytes) {
     using Cfg = decltype(cfg);
     constexpr auto kernel = staged_kernel<BITS, T, Cfg>();
     allow_dynamic_smem<kernel>(smem_optin());
-    QHEAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kStagedWarps * 32, smem_bytes));
+    QHEAD_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, Cfg::NW * 32, smem_bytes));
   });
   return b;
 }

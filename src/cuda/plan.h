@@ -20,7 +20,7 @@ namespace qhead::cuda_plan {
 // The logits kernels, by design (src/cuda/gemv_*.cuh, gemm_*.cuh).
 enum class LogitsKernel : uint8_t {
   kGemvRegRing,     // register-ring GEMV: each warp's row tile and all M columns, loads in a register ring
-  kGemvStaged,      // staged GEMV: the row tiles stream through a shared-memory cp.async ring (M <= 16)
+  kGemvStaged,      // staged GEMV: the row tiles stream through a shared-memory cp.async ring (M <= 32)
   kGemmMmaSync,     // mma.sync GEMM: 256 rows × BM columns per CTA, codes and activations staged together
   kGemmWgmma,       // wgmma GEMM (sm_90a): two warpgroups, 128 rows × BN columns, CTA barriers per stage
   kGemmWgmmaWs,     // warp-specialized wgmma GEMM (sm_90a): a producer warpgroup, two consumers, mbarriers
@@ -97,6 +97,10 @@ struct LogitsOverrides {
   // Bytes of staged-layout activations up to which each staged-GEMV CTA
   // builds them itself; above, one staged_x_kernel launch builds them once.
   std::optional<int> staged_cta_x;
+  // Warps per staged-GEMV CTA for 8-bit rows with four column tiles: 8 or 16
+  // (one CTA per SM then shares one copy of the activations; taken where its
+  // shared memory fits). Other plans take 8 whatever this says.
+  std::optional<int> staged_warps;
   // The kernels that read what the logits kernel (or the level before) wrote
   // (selection levels, tile select, sampling) launched as programmatic
   // dependents of it (cuda/pdl.cuh); sm_90 and later only.
@@ -106,6 +110,7 @@ struct LogitsOverrides {
   //   QHEAD_CUDA_LOGITS_KERNEL     gemv_regring | gemv_staged | gemm_mma_sync | gemm_wgmma | gemm_wgmma_ws | cublas
   //   QHEAD_CUDA_TOPK_PATH         pool_epilogue | lists | logits_then_select | tile_select
   //   QHEAD_CUDA_STAGED_CTA_X      bytes, 0 to 1048576
+  //   QHEAD_CUDA_STAGED_WARPS      8 | 16
   //   QHEAD_CUDA_DEPENDENT_LAUNCH  0 | 1
   // An unset or empty variable is no override; any other value that is not
   // one of those throws Error(kInvalidArgument) naming the variable and the

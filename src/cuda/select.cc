@@ -19,9 +19,17 @@ namespace {
 // H200 figures, f16 activations unless said; the records are in
 // docs/tuning-notes.md under the kernel's name.
 //
-// Staged GEMV: up to 16 columns (two 8-column tiles per warp); the pool
-// epilogue keeps pools for up to 8.
-constexpr int kStagedMaxM = 16;
+// Staged GEMV: up to 32 columns (four 8-column tiles per warp) where the
+// activations fit its shared memory; the pool epilogue keeps pools for up to
+// 8. At 17-32 columns it reads the table once where the mma.sync GEMM ran
+// at its own pace whatever M (151936x1024 w4g64 M = 32: 58.0 vs 70.7 us,
+// w8g128 70.7 vs 90.9; 262144x2560 w4g128 176.5 vs 200.2).
+constexpr int kStagedMaxM = 32;
+// Staged GEMV, 8-bit rows with four column tiles: 16 warps in one CTA per SM
+// (one copy of the activations) where they fit, else 8 (151936x1024 w8g128
+// M = 17/24/32: 60.7/62.3/64.2 vs 62.4/65.0/70.7 us; 4-bit gained nowhere
+// consistently: w4g64 M = 32 59.5 vs 58.0, w4g128 58.1 vs 53.4).
+constexpr int kStagedWarps8BitWide = 16;
 constexpr int kPoolsMaxM = 8;
 // Staged GEMV: a tile's scale block is copied with its first stage into one
 // of two buffers; above this it would not leave room for the ring.
@@ -38,8 +46,9 @@ constexpr int kStagedCtaX = 72 * 1024;
 constexpr bool kDependentLaunch = true;
 // Pool epilogue: shared memory per CTA above which it is not taken.
 constexpr int kPoolsMaxSmem = 160 * 1024;
-// GEMMs from this many columns; below, the GEMV kernels (M = 16: 67 us
-// GEMV vs 69 us mma.sync and 77 us wgmma).
+// GEMMs from this many columns where the staged GEMV does not take the
+// problem (its activations past its shared memory); below, the GEMV kernels
+// (M = 16: 67 us GEMV vs 69 us mma.sync and 77 us wgmma).
 constexpr int64_t kGemmMinM = 17;
 // wgmma GEMMs from this many columns on sm_90; below, mma.sync (M = 32:
 // 69-70 vs 78-83 us; M = 64: 80-88 vs 100-104 us).
@@ -91,7 +100,7 @@ constexpr const char* kWhyFallbackBackend = "backend kFallbackBlas";
 constexpr const char* kWhyDense = "dense table: cuBLAS";
 constexpr const char* kWhyNoFused = "no fused kernel takes the scheme";
 constexpr const char* kWhyForced = "forced by the overrides";
-constexpr const char* kWhyStaged = "M <= 16 and the staged GEMV takes the row";
+constexpr const char* kWhyStaged = "M <= 32 and the staged GEMV takes the row";
 constexpr const char* kWhyWs = "M >= 65 on sm_90";
 constexpr const char* kWhyWgmma = "M >= 33 on sm_90";
 constexpr const char* kWhyMma = "M >= 17";
@@ -189,17 +198,23 @@ std::optional<LogitsPlan> plan_staged_base(const LogitsProblem& p, const DeviceI
   plan.warps = g::kStagedWarps;
   plan.row_tiles = g::kStagedRowTiles;
   plan.stages = g::kStagedStages;
-  plan.col_tiles = p.M > 8 ? 2 : 1;
+  plan.col_tiles = p.M > 16 ? 4 : p.M > 8 ? 2 : 1;
   plan.stage_bytes = staged_stage_bytes(p);
   if (plan.stage_bytes == 0) return std::nullopt;
+  const bool wide_ok = p.bits == 8 && plan.col_tiles == 4 && plan.stage_bytes == 128;
+  const int want = ov.staged_warps.value_or(wide_ok ? kStagedWarps8BitWide : g::kStagedWarps);
+  if (want == g::kStagedWideWarps && !wide_ok) plan.note = "16 staged warps are compiled for 8-bit rows above 16 columns";
+  if (want == g::kStagedWideWarps && wide_ok) plan.warps = g::kStagedWideWarps;
   if (16 * g::kStagedRowTiles * p.groups() * p.scale_bytes > kStagedMaxScaleBlock) return std::nullopt;
   if (!group_layout(p, plan.stage_bytes, /*one_segment=*/true, plan)) return std::nullopt;
   const int xs = g::staged_x_bytes(p.bits, plan.stage_bytes, int(p.H), int(p.M));
   plan.x_prebuilt = xs > ov.staged_cta_x.value_or(kStagedCtaX);
-  plan.smem_bytes = xs + g::kStagedWarps * g::staged_warp_bytes(p.bits, plan.stage_bytes, g::kStagedRowTiles,
-                                                                 g::kStagedStages, !p.symmetric, int(p.groups()),
-                                                                 p.scale_bytes);
-  (void)d;
+  auto smem = [&](int warps) {
+    return xs + warps * g::staged_warp_bytes(p.bits, plan.stage_bytes, g::kStagedRowTiles, g::kStagedStages,
+                                             !p.symmetric, int(p.groups()), p.scale_bytes);
+  };
+  if (plan.warps != g::kStagedWarps && smem(plan.warps) > d.smem_optin) plan.warps = g::kStagedWarps;
+  plan.smem_bytes = smem(plan.warps);
   return plan;
 }
 
@@ -420,6 +435,11 @@ LogitsOverrides LogitsOverrides::from_env() {
       throw Error(ErrorCode::kInvalidArgument, "QHEAD_CUDA_STAGED_CTA_X",
                   "'" + v + "' is not a byte count; an integer from 0 to 1048576");
     ov.staged_cta_x = int(n);
+  }
+  if (std::string v = env_value("QHEAD_CUDA_STAGED_WARPS"); !v.empty()) {  // 8-bit rows, four column tiles
+    if (v != "8" && v != "16")
+      throw Error(ErrorCode::kInvalidArgument, "QHEAD_CUDA_STAGED_WARPS", "'" + v + "' is not 8 or 16");
+    ov.staged_warps = std::stoi(v);
   }
   auto flag = [](const char* name) -> std::optional<bool> {
     const std::string v = env_value(name);
