@@ -519,10 +519,12 @@ TEST(Cuda, TopkListSampleRowsPastTheSample) {
 
 // Small shapes for the compute-sanitizer runs (memcheck, racecheck): each
 // path of topk once — the fused epilogue (M = 1, 8, 3; k up to its limit of
-// 256, beyond a CTA's 128-row tile step), logits then selection (M = 17, 64,
+// 256, beyond a CTA's 128-row tile step), logits then selection (M = 64,
 // 70), tiny V with k = V, the cuBLAS logits, on sm_90 the list top-k
 // (M = 65 and 70: its sample's tiles adjacent, and two apart with zero
-// points and k = 256), and tile select (kAuto at M = 1, 9, 10 with V = 1, and 16).
+// points and k = 256), and tile select (kAuto at M = 1, 9, 10 with V = 1,
+// 16, and 17 and 24 on the staged GEMV's four column tiles: 8 warps for
+// 4-bit, 16 for 8-bit).
 TEST(Cuda, TopkSmallShapes) {
   SKIP_WITHOUT_GPU();
   check_topk(tk(4, 64, true, DType::kF16, DType::kF32, 4099, 1, 50), Backend::kFused);
@@ -541,6 +543,7 @@ TEST(Cuda, TopkSmallShapes) {
   check_topk(tk(4, 64, false, DType::kF16, DType::kF16, 4099, 16, 256), Backend::kAuto);
   check_topk(tk(8, 64, true, DType::kBF16, DType::kF32, 4099, 9, 1), Backend::kAuto);
   check_topk(tk(4, 128, true, DType::kF16, DType::kF16, 1, 10, 1), Backend::kAuto);
+  check_topk(tk(8, 64, false, DType::kBF16, DType::kF32, 4099, 24, 50), Backend::kAuto);
 }
 
 // Each top-k path, forced through the overrides, returns the same values and ids as
