@@ -150,8 +150,7 @@ void with_staged_config(const LogitsPlan& p, bool asym, F&& f) {
           if (p.col_tiles == 1) return f(StagedConfig<64, GS, ASYM, false, 1>());
         }
       }
-      if constexpr (!(BITS == 8 && GS == 1))
-        plan_not_compiled(p, "no staged configuration is compiled for these stages and tiles");
+      plan_not_compiled(p, "no staged configuration is compiled for these stages and tiles");
     });
   });
 }

@@ -29,7 +29,7 @@ constexpr int kStagedMaxM = 32;
 // (one copy of the activations) where they fit, else 8 (151936x1024 w8g128
 // M = 17/24/32: 60.7/62.3/64.2 vs 62.4/65.0/70.7 us; 4-bit gained nowhere
 // consistently: w4g64 M = 32 59.5 vs 58.0, w4g128 58.1 vs 53.4).
-constexpr int kStagedWarps8BitWide = 16;
+constexpr bool kStaged8BitWide = true;
 constexpr int kPoolsMaxM = 8;
 // Staged GEMV: a tile's scale block is copied with its first stage into one
 // of two buffers; above this it would not leave room for the ring.
@@ -201,10 +201,11 @@ std::optional<LogitsPlan> plan_staged_base(const LogitsProblem& p, const DeviceI
   plan.col_tiles = p.M > 16 ? 4 : p.M > 8 ? 2 : 1;
   plan.stage_bytes = staged_stage_bytes(p);
   if (plan.stage_bytes == 0) return std::nullopt;
-  const bool wide_ok = p.bits == 8 && plan.col_tiles == 4 && plan.stage_bytes == 128;
-  const int want = ov.staged_warps.value_or(wide_ok ? kStagedWarps8BitWide : g::kStagedWarps);
-  if (want == g::kStagedWideWarps && !wide_ok) plan.note = "16 staged warps are compiled for 8-bit rows above 16 columns";
-  if (want == g::kStagedWideWarps && wide_ok) plan.warps = g::kStagedWideWarps;
+  // 8-bit rows with four column tiles: 16 warps by default or by the override
+  // (other plans take 8 whatever it says); back to 8 below where they do not fit.
+  if (p.bits == 8 && plan.col_tiles == 4 && plan.stage_bytes == 128 &&
+      ov.staged_warps.value_or(kStaged8BitWide ? g::kStagedWideWarps : g::kStagedWarps) == g::kStagedWideWarps)
+    plan.warps = g::kStagedWideWarps;
   if (16 * g::kStagedRowTiles * p.groups() * p.scale_bytes > kStagedMaxScaleBlock) return std::nullopt;
   if (!group_layout(p, plan.stage_bytes, /*one_segment=*/true, plan)) return std::nullopt;
   const int xs = g::staged_x_bytes(p.bits, plan.stage_bytes, int(p.H), int(p.M));
