@@ -105,9 +105,11 @@ QuantScheme scheme_of(const LogitsCase& c) { return make_scheme(c.bits, c.group,
 // Logits of case c on `backend`, its inputs seeded from the case's name. With
 // `force`, the logits kernel it names runs (through the kernel-plan door,
 // cuda_ops::run_logits), and the plan that ran must name it.
-void check_logits(const LogitsCase& c, Backend backend, std::optional<cuda_plan::LogitsKernel> force = std::nullopt) {
-  SCOPED_TRACE(case_name(c) + " on " + backend_tag(backend) +
-               (force ? std::string(" forced ") + cuda_plan::logits_kernel_name(*force) : std::string()));
+// The case's logits under `ov` (nullopt: the environment's overrides), the
+// plan checked by `expect_plan` before the values.
+void check_logits_ov(const LogitsCase& c, Backend backend, const std::optional<cuda_plan::LogitsOverrides>& ov,
+                     const std::function<void(const cuda_plan::LogitsPlan&)>& expect_plan, const std::string& what) {
+  SCOPED_TRACE(case_name(c) + " on " + backend_tag(backend) + what);
   const uint64_t seed = case_seed(c);
   const QuantScheme s = scheme_of(c);
   const PackedTable host = random_packed(c.V, c.H, s, seed);
@@ -115,11 +117,9 @@ void check_logits(const LogitsCase& c, Backend backend, std::optional<cuda_plan:
   const Tensor xh = random_tensor(c.act, c.M, c.H, seed + 1);
   const Tensor xd = upload(xh);
   Tensor out = poisoned_device(DType::kF32, {c.M, c.V});
-  if (force) {
-    cuda_plan::LogitsOverrides ov;
-    ov.kernel = force;
-    const cuda_plan::LogitsPlan plan = cuda_ops::run_logits(dev, xd.view(), out.view(), backend, ov);
-    ASSERT_EQ(plan.kernel, *force) << plan.describe();
+  if (ov) {
+    const cuda_plan::LogitsPlan plan = cuda_ops::run_logits(dev, xd.view(), out.view(), backend, *ov);
+    expect_plan(plan);
   } else {
     logits(dev, xd.view(), out.view(), backend);
   }
@@ -139,6 +139,15 @@ void check_logits(const LogitsCase& c, Backend backend, std::optional<cuda_plan:
                       << tol;
     }
   EXPECT_EQ(bad, 0);
+}
+
+void check_logits(const LogitsCase& c, Backend backend, std::optional<cuda_plan::LogitsKernel> force = std::nullopt) {
+  if (!force) return check_logits_ov(c, backend, std::nullopt, {}, "");
+  cuda_plan::LogitsOverrides ov;
+  ov.kernel = force;
+  check_logits_ov(
+      c, backend, ov, [&](const cuda_plan::LogitsPlan& plan) { ASSERT_EQ(plan.kernel, *force) << plan.describe(); },
+      std::string(" forced ") + cuda_plan::logits_kernel_name(*force));
 }
 
 // ---- the logits sweep: backend × case (tests/cases.h, the CUDA sweep) --------------------------
@@ -241,6 +250,36 @@ TEST(Cuda, LogitsWgmmaWarpSpecialized) {
 TEST(Cuda, LogitsStagedLargeActivations) {
   SKIP_WITHOUT_GPU();
   for (const LogitsCase& c : staged_large_x_cases()) check_logits(c, Backend::kFused);
+}
+
+// Four column tiles in 8 warps run 2 stages per warp; these activations
+// leave room for no more (H = 2560 at M = 32 with groups of 64 or f32
+// scales, H = 4096 at M = 20-21): vocabularies ending inside a tile (1001,
+// 3), zero points, both activation types; the plan must name 2 stages.
+TEST(Cuda, LogitsStagedTwoStages) {
+  SKIP_WITHOUT_GPU();
+  struct Tight {
+    int bits, group;
+    bool sym;
+    DType act, scale;
+    int64_t V, H, M;
+  };
+  const Tight cases[] = {
+      {4, 64, true, DType::kF16, DType::kBF16, 1001, 2560, 32},  {4, 64, false, DType::kBF16, DType::kF16, 3, 2560, 32},
+      {8, 64, true, DType::kBF16, DType::kBF16, 1001, 2560, 32}, {4, 128, false, DType::kF16, DType::kF32, 1001, 2560, 32},
+      {4, 128, true, DType::kBF16, DType::kBF16, 1001, 4096, 21}, {8, 128, true, DType::kF16, DType::kF16, 3, 4096, 20},
+  };
+  cuda_plan::LogitsOverrides ov;  // the default plan
+  for (const Tight& t : cases) {
+    const LogitsCase c = cases_detail::cuda_case(t.bits, t.group, t.sym, t.act, t.scale, t.V, t.H, t.M);
+    check_logits_ov(
+        c, Backend::kFused, ov,
+        [&](const cuda_plan::LogitsPlan& plan) {
+          ASSERT_EQ(plan.kernel, cuda_plan::LogitsKernel::kGemvStaged) << plan.describe();
+          EXPECT_EQ(plan.stages, 2) << plan.describe();
+        },
+        " (2 stages)");
+  }
 }
 
 TEST(Cuda, EmbedMatchesDequantizedRows) {

@@ -95,6 +95,24 @@ TEST(KernelPlan, H200LogitsByM) {
   LogitsOverrides eight;
   eight.staged_warps = 8;
   EXPECT_EQ(pick(problem(8, 128, 151936, 1024, 24), DeviceInfo::h200(), Backend::kAuto, eight).warps, 8);
+  // Four column tiles of 128-byte stages in 8 warps take 2 stages per warp, which also fit
+  // where 3 would not: 262144x2560 w4g64 at M = 32 (3 stages: 242176 bytes), 128256x4096
+  // w4g128 at M = 20-21; past what 2 stages fit (H = 4096, M = 22) the mma.sync GEMM runs.
+  // Fewer column tiles, and 8-bit rows in 16 warps, keep 3.
+  for (const LogitsProblem& q : {problem(4, 64, 262144, 2560, 32), problem(4, 128, 262144, 2560, 32),
+                                 problem(4, 128, 128256, 4096, 21), problem(4, 64, 151936, 1024, 17),
+                                 problem(8, 64, 262144, 2560, 32)}) {
+    const LogitsPlan plan = pick(q);
+    SCOPED_TRACE(plan.describe());
+    EXPECT_EQ(plan.kernel, LogitsKernel::kGemvStaged);
+    EXPECT_EQ(plan.stages, 2);
+    EXPECT_EQ(plan.warps, 8);
+    EXPECT_LE(plan.smem_bytes, DeviceInfo::h200().smem_optin);
+  }
+  EXPECT_EQ(pick(problem(4, 128, 128256, 4096, 22)).kernel, LogitsKernel::kGemmMmaSync);
+  EXPECT_EQ(pick(problem(4, 64, 151936, 1024, 16)).stages, 3);
+  EXPECT_EQ(pick(problem(4, 64, 151936, 1024, 1)).stages, 3);
+  EXPECT_EQ(w8.stages, 3);  // 16 warps
   // The warp-specialized GEMM's 4-bit stages are 64 bytes, 8-bit ones 128.
   EXPECT_EQ(pick(problem(4, 64, 151936, 1024, 256)).stage_bytes, 64);
   EXPECT_EQ(pick(problem(8, 128, 151936, 1024, 256)).stage_bytes, 128);

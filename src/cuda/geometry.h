@@ -15,10 +15,16 @@ namespace qhead::cuda_geometry {
 
 // ---- staged GEMV -----------------------------------------------------------------------
 // The design constants of the staged kernel (measured, docs/tuning-notes.md
-// "Staged GEMV"): one 16-row tile per warp, 3 stages in flight per warp, two
-// accumulator chains per tile, 8 warps per CTA.
+// "Staged GEMV"): one 16-row tile per warp, 3 stages in flight per warp (2
+// with four column tiles in 8 warps), two accumulator chains per tile, 8
+// warps per CTA.
 constexpr int kStagedRowTiles = 1;
 constexpr int kStagedStages = 3;
+// Four column tiles of 128-byte stages in 8 warps (select.cc): 2 stages.
+// 151936x1024 4-bit M = 17-32 1.5-5 us faster than 3 (top-k by tile select
+// 9-13 us), the large tables within +-2 %; and 2 fit where the activations
+// leave no room for 3 (262144x2560 w4g64 M = 32, H = 4096 M = 20-21).
+constexpr int kStagedFourTileStages = 2;
 constexpr int kStagedChains = 2;
 constexpr int kStagedWarps = 8;
 constexpr int kStagedWideWarps = 16;  // 8-bit rows, four column tiles (select.cc)

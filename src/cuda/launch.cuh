@@ -107,24 +107,25 @@ void launch_regring(const LogitsArgs& a, const LogitsPlan& p, cudaStream_t s) {
 
 // ---- staged GEMV -------------------------------------------------------------------------
 
-template <int C_, int GS_, bool ASYM_, bool TOPK_, int NT_, int NW_ = kStagedWarps>
+template <int C_, int GS_, bool ASYM_, bool TOPK_, int NT_, int NW_ = kStagedWarps, int NS_ = kStagedStages>
 struct StagedConfig {
-  static constexpr int C = C_, GS = GS_, NT = NT_, NW = NW_;
+  static constexpr int C = C_, GS = GS_, NT = NT_, NW = NW_, NS = NS_;
   static constexpr bool ASYM = ASYM_, TOPK = TOPK_;
 };
 
 // Calls f(StagedConfig<...>()) for the plan's staged configuration: 128- or
 // (4-bit, no epilogue) 64-byte stages; two column tiles above 8 columns and
-// four above 16 (no epilogue); the pool epilogue with 128-byte stages and one
-// column tile.
+// four above 16 (no epilogue; 2 stages with 128-byte stages in 8 warps); the
+// pool epilogue with 128-byte stages and one column tile.
 template <int BITS, class F>
 void with_staged_config(const LogitsPlan& p, bool asym, F&& f) {
-  if (p.row_tiles != kStagedRowTiles || p.stages != kStagedStages ||
-      (p.warps != kStagedWarps &&
-       !(BITS == 8 && p.warps == kStagedWideWarps && p.col_tiles == 4 && p.stage_bytes == 128)))
-    plan_not_compiled(p, "the staged GEMV is compiled for one row tile, 3 stages and 8 warps (16 for 8-bit rows "
-                         "with four column tiles)");
   const bool wide = p.warps == kStagedWideWarps;
+  const bool four_tiles_8w = p.col_tiles == 4 && p.stage_bytes == 128 && !wide;
+  if (p.row_tiles != kStagedRowTiles || p.stages != (four_tiles_8w ? kStagedFourTileStages : kStagedStages) ||
+      (p.warps != kStagedWarps &&
+       !(BITS == 8 && wide && p.col_tiles == 4 && p.stage_bytes == 128)))
+    plan_not_compiled(p, "the staged GEMV is compiled for one row tile, 3 stages (2 for four column tiles of "
+                         "128-byte stages in 8 warps) and 8 warps (16 for 8-bit rows with four column tiles)");
   const bool topk = p.epilogue == LogitsEpilogue::kTopkPools;
   with_asym(asym, [&](auto as) {
     constexpr bool ASYM = decltype(as)::value;
@@ -139,7 +140,7 @@ void with_staged_config(const LogitsPlan& p, bool asym, F&& f) {
           if constexpr (BITS == 8) {
             if (wide) return f(StagedConfig<128, GS, ASYM, false, 4, kStagedWideWarps>());
           }
-          return f(StagedConfig<128, GS, ASYM, false, 4>());
+          return f(StagedConfig<128, GS, ASYM, false, 4, kStagedWarps, kStagedFourTileStages>());
         }
         if (p.col_tiles == 2) return f(StagedConfig<128, GS, ASYM, false, 2>());
         if (p.col_tiles == 1) return f(StagedConfig<128, GS, ASYM, false, 1>());
@@ -159,7 +160,7 @@ template <int BITS, class T, class Cfg>
 constexpr auto staged_kernel() {
   // Two accumulator chains per group for one column tile; with more, the
   // tiles' MMAs are the independent chains.
-  return logits_gemv_staged_kernel<BITS, T, Cfg::C, kStagedRowTiles, kStagedStages, Cfg::GS, Cfg::ASYM, Cfg::TOPK,
+  return logits_gemv_staged_kernel<BITS, T, Cfg::C, kStagedRowTiles, Cfg::NS, Cfg::GS, Cfg::ASYM, Cfg::TOPK,
                                    Cfg::NT == 1 ? kStagedChains : 1, Cfg::NW, Cfg::NT>;
 }
 

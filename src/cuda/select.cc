@@ -210,12 +210,16 @@ std::optional<LogitsPlan> plan_staged_base(const LogitsProblem& p, const DeviceI
   if (!group_layout(p, plan.stage_bytes, /*one_segment=*/true, plan)) return std::nullopt;
   const int xs = g::staged_x_bytes(p.bits, plan.stage_bytes, int(p.H), int(p.M));
   plan.x_prebuilt = xs > ov.staged_cta_x.value_or(kStagedCtaX);
-  auto smem = [&](int warps) {
-    return xs + warps * g::staged_warp_bytes(p.bits, plan.stage_bytes, g::kStagedRowTiles, g::kStagedStages,
-                                             !p.symmetric, int(p.groups()), p.scale_bytes);
+  auto smem = [&](int warps, int stages) {
+    return xs + warps * g::staged_warp_bytes(p.bits, plan.stage_bytes, g::kStagedRowTiles, stages, !p.symmetric,
+                                             int(p.groups()), p.scale_bytes);
   };
-  if (plan.warps != g::kStagedWarps && smem(plan.warps) > d.smem_optin) plan.warps = g::kStagedWarps;
-  plan.smem_bytes = smem(plan.warps);
+  if (plan.warps != g::kStagedWarps && smem(plan.warps, plan.stages) > d.smem_optin) plan.warps = g::kStagedWarps;
+  // Four column tiles of 128-byte stages in 8 warps take 2 stages per warp
+  // (geometry.h, kStagedFourTileStages).
+  if (plan.col_tiles == 4 && plan.stage_bytes == 128 && plan.warps == g::kStagedWarps)
+    plan.stages = g::kStagedFourTileStages;
+  plan.smem_bytes = smem(plan.warps, plan.stages);
   return plan;
 }
 
@@ -488,7 +492,7 @@ std::optional<LogitsPlan> plan_topk_pools(const LogitsProblem& p, int64_t k, con
   auto plan = plan_staged_base(p, d, ov, kPoolsMaxM);
   // 128-byte stages only, and the pools need the CTAs that CTA-built activations leave.
   if (!plan || plan->stage_bytes != 128 || plan->x_prebuilt) return std::nullopt;
-  const int wbytes = g::staged_warp_bytes(p.bits, plan->stage_bytes, g::kStagedRowTiles, g::kStagedStages,
+  const int wbytes = g::staged_warp_bytes(p.bits, plan->stage_bytes, g::kStagedRowTiles, plan->stages,
                                           !p.symmetric, int(p.groups()), p.scale_bytes);
   const int cols = int(std::min<int64_t>(kPoolsMaxM, p.M));
   if (g::topk_finish_scratch(cols, g::kStagedWarps, kTopkGather) > g::kStagedWarps * wbytes) return std::nullopt;
