@@ -227,138 +227,136 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
       zoff[r][h] = 8388608.0f + float(1 << (BITS - 1));
     }
 
-  // One stage per iteration, its ring slot d a runtime value: the loop body
-  // is compiled once, not once per slot (NS copies of a four-tile stage body
-  // are ~110 KB of SASS).
-  int d = 0;
-#pragma unroll 1
-  for (int q = 0; q < total; ++q) {
-    issue(d == 0 ? NS - 1 : d - 1);  // the slot the stage before this one read
-    cp_async_wait<NS - 1>();
-    __syncwarp();
-    // A words of this stage: w[r][s][h] = word t of segment s of row g (h = 0) / g+8 (h = 1).
-    uint32_t w[RT][SPS][2];
+  for (int q0 = 0; q0 < total; q0 += NS) {
 #pragma unroll
-    for (int r = 0; r < RT; ++r)
+    for (int d = 0; d < NS; ++d) {
+      if (q0 + d >= total) break;
+      issue((d + NS - 1) % NS);
+      cp_async_wait<NS - 1>();
+      __syncwarp();
+      // A words of this stage: w[r][s][h] = word t of segment s of row g (h = 0) / g+8 (h = 1).
+      uint32_t w[RT][SPS][2];
 #pragma unroll
-      for (int sp = 0; sp < SPS / 2; ++sp)
-        ldmatrix_x4(code_s + d * STAGE + r * 16 * P + sp * 32 + lane_off, w[r][2 * sp][0], w[r][2 * sp][1],
-                    w[r][2 * sp + 1][0], w[r][2 * sp + 1][1]);
-    // B fragments are loaded where they are used, one 16-byte load per column
-    // tile for two k-blocks (Bq): loading a whole stage's up front held
-    // NT·SPS·KBS·2 registers (128 at NT = 4, 4-bit).
-    uint4 Bq[NT];
-    const unsigned char* sbuf = sbuf0 + cb * sblk;
-    const uint32_t* zbuf = reinterpret_cast<const uint32_t*>(zbuf0 + cb * zblk);
-    // GS > 0: the scales of the stage's GPS groups for this lane's rows, read
-    // and widened once per stage under one uniform branch on their type (per
-    // group, the branchy loads were a quarter of a g64 group's instructions).
-    constexpr int GPS = GS > 0 ? SPS / GS1 : 1;
-    float scv[RT][GPS][2];
-    if constexpr (GS > 0) {
-      auto fill = [&](auto ld) {
+      for (int r = 0; r < RT; ++r)
 #pragma unroll
-        for (int r = 0; r < RT; ++r)
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int i = 0; i < GPS; ++i) scv[r][i][h] = ld((r * 16 + h * 8 + g) * a.groups + cst * GPS + i);
-      };
-      if (a.scale_type == kScaleF16)
-        fill([&](int idx) { return __half2float(reinterpret_cast<const __half*>(sbuf)[idx]); });
-      else if (a.scale_type == kScaleBF16)
-        fill([&](int idx) { return __uint_as_float(uint32_t(reinterpret_cast<const unsigned short*>(sbuf)[idx]) << 16); });
-      else
-        fill([&](int idx) { return reinterpret_cast<const float*>(sbuf)[idx]; });
-    }
-#pragma unroll
-    for (int sg = 0; sg < SPS; ++sg) {
-      const bool gstart = GS > 0 ? (sg % GS1 == 0) : (sg == 0 && cgs == 0);
-      const bool gend = GS > 0 ? (sg % GS1 == GS1 - 1) : (sg == SPS - 1 && cgs == a.st_spg - 1);
-      const int grp = GS > 0 ? cst * (SPS / GS1) + sg / GS1 : cgrp;
-      if (gstart) {
-        zero(cacc);
-        if constexpr (CH == 2) zero(cacc2);
-        if constexpr (ASYM) {
+        for (int sp = 0; sp < SPS / 2; ++sp)
+          ldmatrix_x4(code_s + d * STAGE + r * 16 * P + sp * 32 + lane_off, w[r][2 * sp][0], w[r][2 * sp][1],
+                      w[r][2 * sp + 1][0], w[r][2 * sp + 1][1]);
+      // B fragments are loaded where they are used, one 16-byte load per column
+      // tile for two k-blocks (Bq): loading a whole stage's up front held
+      // NT·SPS·KBS·2 registers (128 at NT = 4, 4-bit).
+      uint4 Bq[NT];
+      const unsigned char* sbuf = sbuf0 + cb * sblk;
+      const uint32_t* zbuf = reinterpret_cast<const uint32_t*>(zbuf0 + cb * zblk);
+      // GS > 0: the scales of the stage's GPS groups for this lane's rows, read
+      // and widened once per stage under one uniform branch on their type (per
+      // group, the branchy loads were a quarter of a g64 group's instructions).
+      constexpr int GPS = GS > 0 ? SPS / GS1 : 1;
+      float scv[RT][GPS][2];
+      if constexpr (GS > 0) {
+        auto fill = [&](auto ld) {
 #pragma unroll
           for (int r = 0; r < RT; ++r)
 #pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int i = 0; i < GPS; ++i) scv[r][i][h] = ld((r * 16 + h * 8 + g) * a.groups + cst * GPS + i);
+        };
+        if (a.scale_type == kScaleF16)
+          fill([&](int idx) { return __half2float(reinterpret_cast<const __half*>(sbuf)[idx]); });
+        else if (a.scale_type == kScaleBF16)
+          fill([&](int idx) { return __uint_as_float(uint32_t(reinterpret_cast<const unsigned short*>(sbuf)[idx]) << 16); });
+        else
+          fill([&](int idx) { return reinterpret_cast<const float*>(sbuf)[idx]; });
+      }
+#pragma unroll
+      for (int sg = 0; sg < SPS; ++sg) {
+        const bool gstart = GS > 0 ? (sg % GS1 == 0) : (sg == 0 && cgs == 0);
+        const bool gend = GS > 0 ? (sg % GS1 == GS1 - 1) : (sg == SPS - 1 && cgs == a.st_spg - 1);
+        const int grp = GS > 0 ? cst * (SPS / GS1) + sg / GS1 : cgrp;
+        if (gstart) {
+          zero(cacc);
+          if constexpr (CH == 2) zero(cacc2);
+          if constexpr (ASYM) {
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                const int rr = r * 16 + h * 8 + g;
+                const uint32_t word = zbuf[((rr * BITS) >> 5) * a.groups + grp];
+                const int z = int((word >> ((rr * BITS) & 31)) & ((1u << BITS) - 1u)) - (1 << (BITS - 1));
+                bias[r][h] = make_bias<BITS, T>(z);
+                bias16[r][h] = pack2<T>(-(72.0f + float(z)), -(72.0f + float(z)));
+                zoff[r][h] = 8388608.0f + float(1 << (BITS - 1)) + float(z);
+              }
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < KBS; ++j) {
+          const int f = sg * KBS + j;  // k-block of the stage; load f / 2 holds f and f + 1
+          if (f % 2 == 0) {
+#pragma unroll
+            for (int n = 0; n < NT; ++n) Bq[n] = *reinterpret_cast<const uint4*>(bp[n] + (f / 2) * 64);
+          }
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            uint32_t A[4];
+            A[0] = dequant_pair<BITS, T>(w[r][sg][0], j, 0, bias[r][0], bias16[r][0], zoff[r][0]);
+            A[1] = dequant_pair<BITS, T>(w[r][sg][1], j, 0, bias[r][1], bias16[r][1], zoff[r][1]);
+            A[2] = dequant_pair<BITS, T>(w[r][sg][0], j, 1, bias[r][0], bias16[r][0], zoff[r][0]);
+            A[3] = dequant_pair<BITS, T>(w[r][sg][1], j, 1, bias[r][1], bias16[r][1], zoff[r][1]);
+#pragma unroll
+            for (int n = 0; n < NT; ++n) {
+              const uint32_t b0 = f % 2 ? Bq[n].z : Bq[n].x, b1 = f % 2 ? Bq[n].w : Bq[n].y;
+              if (CH == 2 && (f & 1)) mma16816<T>(cacc2[r][n], A, b0, b1);
+              else mma16816<T>(cacc[r][n], A, b0, b1);
+            }
+          }
+        }
+        if (gend) {  // the group ends: scale its f32 partial sums once
+#pragma unroll
+          for (int r = 0; r < RT; ++r) {
+            if constexpr (CH == 2) {
+#pragma unroll
+              for (int n = 0; n < NT; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) cacc[r][n][e] += cacc2[r][n][e];
+            }
+            float sc[2];
+#pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const int rr = r * 16 + h * 8 + g;
-              const uint32_t word = zbuf[((rr * BITS) >> 5) * a.groups + grp];
-              const int z = int((word >> ((rr * BITS) & 31)) & ((1u << BITS) - 1u)) - (1 << (BITS - 1));
-              bias[r][h] = make_bias<BITS, T>(z);
-              bias16[r][h] = pack2<T>(-(72.0f + float(z)), -(72.0f + float(z)));
-              zoff[r][h] = 8388608.0f + float(1 << (BITS - 1)) + float(z);
+              if constexpr (GS > 0) {
+                sc[h] = scv[r][sg / GS1][h];
+              } else {
+                sc[h] = load_scale(sbuf, a.scale_type, (r * 16 + h * 8 + g) * a.groups + grp);
+              }
             }
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < KBS; ++j) {
-        const int f = sg * KBS + j;  // k-block of the stage; load f / 2 holds f and f + 1
-        if (f % 2 == 0) {
-#pragma unroll
-          for (int n = 0; n < NT; ++n) Bq[n] = *reinterpret_cast<const uint4*>(bp[n] + (f / 2) * 64);
-        }
-#pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          uint32_t A[4];
-          A[0] = dequant_pair<BITS, T>(w[r][sg][0], j, 0, bias[r][0], bias16[r][0], zoff[r][0]);
-          A[1] = dequant_pair<BITS, T>(w[r][sg][1], j, 0, bias[r][1], bias16[r][1], zoff[r][1]);
-          A[2] = dequant_pair<BITS, T>(w[r][sg][0], j, 1, bias[r][0], bias16[r][0], zoff[r][0]);
-          A[3] = dequant_pair<BITS, T>(w[r][sg][1], j, 1, bias[r][1], bias16[r][1], zoff[r][1]);
-#pragma unroll
-          for (int n = 0; n < NT; ++n) {
-            const uint32_t b0 = f % 2 ? Bq[n].z : Bq[n].x, b1 = f % 2 ? Bq[n].w : Bq[n].y;
-            if (CH == 2 && (f & 1)) mma16816<T>(cacc2[r][n], A, b0, b1);
-            else mma16816<T>(cacc[r][n], A, b0, b1);
+            fold_group<NT>(acc[r], cacc[r], sc[0], sc[1]);
           }
         }
       }
-      if (gend) {  // the group ends: scale its f32 partial sums once
+      __syncwarp();  // every lane is done with slot d before a later issue() refills it
 #pragma unroll
-        for (int r = 0; r < RT; ++r) {
-          if constexpr (CH == 2) {
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) cacc[r][n][e] += cacc2[r][n][e];
-          }
-          float sc[2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            if constexpr (GS > 0) {
-              sc[h] = scv[r][sg / GS1][h];
-            } else {
-              sc[h] = load_scale(sbuf, a.scale_type, (r * 16 + h * 8 + g) * a.groups + grp);
-            }
-          }
-          fold_group<NT>(acc[r], cacc[r], sc[0], sc[1]);
+      for (int n = 0; n < NT; ++n) bp[n] += bstep[n];
+      if constexpr (GS == 0) {
+        if (++cgs == a.st_spg) { cgs = 0; ++cgrp; }
+      }
+      if (++cst == nst) {  // the tile is done
+        if constexpr (TOPK) tk.append(a, acc, ct * ROWS, g, t);
+        else {
+          store_tile<RT, NT>(a, acc, ct * ROWS, 0, g, t);
+          if (a.tile_part) store_tile_summary<RT, NT>(a, acc, ct * ROWS, g, t);
         }
+        zero(acc);
+        cst = 0;
+        cb ^= 1;
+        cgs = 0;
+        cgrp = 0;
+        ct += nwarps;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) bp[n] = bp0[n];
       }
     }
-    __syncwarp();  // every lane is done with slot d before a later issue() refills it
-#pragma unroll
-    for (int n = 0; n < NT; ++n) bp[n] += bstep[n];
-    if constexpr (GS == 0) {
-      if (++cgs == a.st_spg) { cgs = 0; ++cgrp; }
-    }
-    if (++cst == nst) {  // the tile is done
-      if constexpr (TOPK) tk.append(a, acc, ct * ROWS, g, t);
-      else {
-        store_tile<RT, NT>(a, acc, ct * ROWS, 0, g, t);
-        if (a.tile_part) store_tile_summary<RT, NT>(a, acc, ct * ROWS, g, t);
-      }
-      zero(acc);
-      cst = 0;
-      cb ^= 1;
-      cgs = 0;
-      cgrp = 0;
-      ct += nwarps;
-#pragma unroll
-      for (int n = 0; n < NT; ++n) bp[n] = bp0[n];
-    }
-    if (++d == NS) d = 0;
   }
   cp_async_wait<0>();  // no copy outlives the kernel (the trailing empty groups)
   if constexpr (TOPK) tk.finish(a, st_smem + xs, g, t);  // the stage rings are free now
