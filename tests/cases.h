@@ -333,9 +333,9 @@ inline std::vector<LogitsCase> every_m_cases(int mode) {
 // The staged GEMV's configurations (M <= 32): 128-byte stages (H = 2560) and
 // 64-byte ones (4-bit H = 640), one, two or four activation tiles, partial
 // tiles (M = 2, 12, 20); at H = 2560, M = 20 its activations are built once
-// per call (104 KB); at M = 32 (166 KB) they leave room for 3 stages per
-// warp where a tile's scale block is small, 2 where it is larger, and none
-// for the largest (the mma.sync GEMM runs).
+// per call (104 KB); at M = 32 (166 KB) they leave room for the four-tile
+// plan's 2 stages per warp unless a tile's scale block is large (then the
+// mma.sync GEMM runs).
 inline std::vector<LogitsCase> staged_gemv_cases() {
   std::vector<LogitsCase> out;
   int n = 1916;

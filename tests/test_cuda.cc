@@ -102,11 +102,10 @@ std::vector<int64_t> rows_to_check(int64_t V, uint64_t seed) {
 
 QuantScheme scheme_of(const LogitsCase& c) { return make_scheme(c.bits, c.group, c.symmetric, c.scale); }
 
-// Logits of case c on `backend`, its inputs seeded from the case's name. With
-// `force`, the logits kernel it names runs (through the kernel-plan door,
-// cuda_ops::run_logits), and the plan that ran must name it.
-// The case's logits under `ov` (nullopt: the environment's overrides), the
-// plan checked by `expect_plan` before the values.
+// Logits of case c on `backend`, its inputs seeded from the case's name,
+// against the float64 oracle. With `ov`, they run under those overrides
+// (through the kernel-plan door, cuda_ops::run_logits) and `expect_plan`
+// checks the plan that ran; without, under the environment's.
 void check_logits_ov(const LogitsCase& c, Backend backend, const std::optional<cuda_plan::LogitsOverrides>& ov,
                      const std::function<void(const cuda_plan::LogitsPlan&)>& expect_plan, const std::string& what) {
   SCOPED_TRACE(case_name(c) + " on " + backend_tag(backend) + what);
@@ -141,6 +140,7 @@ void check_logits_ov(const LogitsCase& c, Backend backend, const std::optional<c
   EXPECT_EQ(bad, 0);
 }
 
+// With `force`, the logits kernel it names runs, and the plan that ran must name it.
 void check_logits(const LogitsCase& c, Backend backend, std::optional<cuda_plan::LogitsKernel> force = std::nullopt) {
   if (!force) return check_logits_ov(c, backend, std::nullopt, {}, "");
   cuda_plan::LogitsOverrides ov;
