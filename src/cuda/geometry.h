@@ -28,6 +28,11 @@ constexpr int kStagedFourTileStages = 2;
 constexpr int kStagedChains = 2;
 constexpr int kStagedWarps = 8;
 constexpr int kStagedWideWarps = 16;  // 8-bit rows, four column tiles (select.cc)
+// Stages per staged-GEMV warp for a plan's column tiles, stage bytes and warps
+// (the selector sets it, the launcher checks it).
+QHEAD_HD constexpr int staged_stages(int col_tiles, int stage_bytes, int warps) {
+  return col_tiles == 4 && stage_bytes == 128 && warps == kStagedWarps ? kStagedFourTileStages : kStagedStages;
+}
 
 // The activations in the staged kernel's B-fragment order: per column m a
 // 2H + 64-byte region (the pad puts consecutive columns half a bank row

@@ -120,8 +120,7 @@ struct StagedConfig {
 template <int BITS, class F>
 void with_staged_config(const LogitsPlan& p, bool asym, F&& f) {
   const bool wide = p.warps == kStagedWideWarps;
-  const bool four_tiles_8w = p.col_tiles == 4 && p.stage_bytes == 128 && !wide;
-  if (p.row_tiles != kStagedRowTiles || p.stages != (four_tiles_8w ? kStagedFourTileStages : kStagedStages) ||
+  if (p.row_tiles != kStagedRowTiles || p.stages != staged_stages(p.col_tiles, p.stage_bytes, p.warps) ||
       (p.warps != kStagedWarps &&
        !(BITS == 8 && wide && p.col_tiles == 4 && p.stage_bytes == 128)))
     plan_not_compiled(p, "the staged GEMV is compiled for one row tile, 3 stages (2 for four column tiles of "

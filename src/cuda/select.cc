@@ -215,10 +215,8 @@ std::optional<LogitsPlan> plan_staged_base(const LogitsProblem& p, const DeviceI
                                              int(p.groups()), p.scale_bytes);
   };
   if (plan.warps != g::kStagedWarps && smem(plan.warps, plan.stages) > d.smem_optin) plan.warps = g::kStagedWarps;
-  // Four column tiles of 128-byte stages in 8 warps take 2 stages per warp
-  // (geometry.h, kStagedFourTileStages).
-  if (plan.col_tiles == 4 && plan.stage_bytes == 128 && plan.warps == g::kStagedWarps)
-    plan.stages = g::kStagedFourTileStages;
+  // Four column tiles of 128-byte stages in 8 warps take 2 stages per warp.
+  plan.stages = g::staged_stages(plan.col_tiles, plan.stage_bytes, plan.warps);
   plan.smem_bytes = smem(plan.warps, plan.stages);
   return plan;
 }
