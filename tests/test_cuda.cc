@@ -282,6 +282,56 @@ TEST(Cuda, LogitsStagedTwoStages) {
   }
 }
 
+// The staged GEMV's two forms at two and four column tiles (M = 9-32),
+// each forced: the warpgroup form (sm_90, 128-byte stages: four warps' row
+// tiles by one wgmma per k-block) and the per-warp mma.sync form. Tile
+// counts that are not whole warpgroups (V = 1, 3, 1001, 50257, 49152 + 64),
+// every group layout (32, 64, 128, per row; zero points), both activation
+// types, H = 640 / 2560 / 4096 and the 2-stage shapes; each plan must name
+// the form that ran.
+TEST(Cuda, LogitsStagedWarpgroupForm) {
+  SKIP_WITHOUT_GPU();
+  const bool wgmma = cuda_ops::device_info().has_wgmma();
+  std::vector<LogitsCase> cases;
+  for (const LogitsCase& c : staged_gemv_cases())
+    if (c.M > 8) cases.push_back(c);
+  int n = 0;
+  for (int64_t v : {int64_t(1), int64_t(3), int64_t(50257), int64_t(49152 + 64)})
+    for (int64_t m : {9, 17, 32}) {
+      const bool even = n++ % 2 == 0;
+      cases.push_back(cases_detail::cuda_case(even ? 4 : 8, even ? 64 : 128, n % 3 != 0, even ? DType::kF16 : DType::kBF16,
+                                              n % 3 == 0 ? DType::kF32 : DType::kBF16, v, 1024, m));
+    }
+  cases.push_back(cases_detail::cuda_case(4, 64, false, DType::kBF16, DType::kF16, 1001, 2560, 32));
+  cases.push_back(cases_detail::cuda_case(8, 128, true, DType::kF16, DType::kF16, 1001, 4096, 20));
+  cases.push_back(cases_detail::cuda_case(4, -1, false, DType::kF16, DType::kBF16, 1001, 4096, 12));
+  int ran_wg = 0, ran = 0;
+  for (const LogitsCase& c : cases)
+    for (bool form : {true, false}) {
+      cuda_plan::LogitsOverrides ov;
+      ov.staged_wgmma = form;
+      // Cases the staged GEMV does not take (a scale block past its limit) are not its.
+      const Table probe = cuda::to_device(Table::packed(random_packed(1, c.H, scheme_of(c), 1)));
+      const Tensor xp = cuda::empty(c.act, {c.M, c.H});
+      if (cuda_ops::plan_logits(probe, xp.view(), Backend::kFused, ov).kernel != cuda_plan::LogitsKernel::kGemvStaged)
+        continue;
+      ++ran;
+      check_logits_ov(
+          c, Backend::kFused, ov,
+          [&](const cuda_plan::LogitsPlan& plan) {
+            ASSERT_EQ(plan.kernel, cuda_plan::LogitsKernel::kGemvStaged) << plan.describe();
+            // Forced, the warpgroup form runs wherever its shared memory fits (at H = 1024 everywhere).
+            EXPECT_TRUE(!plan.wgmma || (form && wgmma && plan.col_tiles == 4 && plan.stage_bytes == 128))
+                << plan.describe();
+            if (form && wgmma && c.H == 1024 && c.M > 16) EXPECT_TRUE(plan.wgmma) << plan.describe();
+            ran_wg += plan.wgmma ? 1 : 0;
+          },
+          form ? " (warpgroup form)" : " (mma.sync form)");
+    }
+  EXPECT_GE(ran, 100);
+  if (wgmma) EXPECT_GE(ran_wg, 20) << "the warpgroup form ran on too few cases";
+}
+
 TEST(Cuda, EmbedMatchesDequantizedRows) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 3000;

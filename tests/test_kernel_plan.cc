@@ -118,6 +118,48 @@ TEST(KernelPlan, H200LogitsByM) {
   EXPECT_EQ(pick(problem(8, 128, 151936, 1024, 256)).stage_bytes, 128);
 }
 
+// The staged GEMV's warpgroup form: 4-bit rows with four column tiles on
+// sm_90 where two of its CTAs fit an SM; forced, any width wherever it fits;
+// never with fewer column tiles or off sm_90.
+TEST(KernelPlan, StagedWarpgroupForm) {
+  for (int64_t m : {17, 24, 32})
+    for (int group : {64, 128}) {
+      const LogitsPlan plan = pick(problem(4, group, 151936, 1024, m));
+      SCOPED_TRACE(plan.describe());
+      EXPECT_EQ(plan.kernel, LogitsKernel::kGemvStaged);
+      EXPECT_TRUE(plan.wgmma);
+      EXPECT_EQ(plan.warps, 8);
+      EXPECT_EQ(plan.stages, 2);
+      EXPECT_FALSE(plan.x_prebuilt);  // 64 KB, built by each CTA
+      EXPECT_LE(2 * (plan.smem_bytes + 1024), DeviceInfo::h200().smem_per_sm);
+      EXPECT_NE(plan.describe().find(" wgmma"), std::string::npos);
+    }
+  EXPECT_FALSE(pick(problem(4, 64, 151936, 1024, 16)).wgmma);  // two column tiles
+  EXPECT_FALSE(pick(problem(8, 128, 151936, 1024, 24)).wgmma);  // 8-bit: the 16-warp form
+  // One CTA per SM (the activations alone 160 KB): the mma.sync form.
+  const LogitsPlan big = pick(problem(4, 128, 262144, 2560, 32));
+  EXPECT_EQ(big.kernel, LogitsKernel::kGemvStaged);
+  EXPECT_FALSE(big.wgmma);
+  LogitsOverrides on, off;
+  on.staged_wgmma = true;
+  off.staged_wgmma = false;
+  EXPECT_FALSE(pick(problem(4, 64, 151936, 1024, 32), DeviceInfo::h200(), Backend::kAuto, off).wgmma);
+  const LogitsPlan w8 = pick(problem(8, 128, 151936, 1024, 24), DeviceInfo::h200(), Backend::kAuto, on);
+  EXPECT_TRUE(w8.wgmma);
+  EXPECT_EQ(w8.warps, 8);
+  const LogitsPlan forced = pick(problem(4, 128, 262144, 2560, 32), DeviceInfo::h200(), Backend::kAuto, on);
+  EXPECT_TRUE(forced.wgmma);
+  EXPECT_TRUE(forced.x_prebuilt);  // 160 KB: built once per call
+  EXPECT_LE(forced.smem_bytes, DeviceInfo::h200().smem_optin);
+  // H = 4096 at M = 20: the wgmma layout (256 KB) does not fit; the mma.sync form does.
+  const LogitsPlan h4096 = pick(problem(4, 128, 128256, 4096, 20), DeviceInfo::h200(), Backend::kAuto, on);
+  EXPECT_EQ(h4096.kernel, LogitsKernel::kGemvStaged);
+  EXPECT_FALSE(h4096.wgmma);
+  DeviceInfo a100 = DeviceInfo::h200();
+  a100.cc_major = 8;
+  EXPECT_FALSE(pick(problem(4, 64, 151936, 1024, 32), a100, Backend::kAuto, on).wgmma);
+}
+
 TEST(KernelPlan, Sm80HasNoWgmma) {
   for (int64_t M : {33, 64, 65, 256}) {
     const LogitsPlan plan = pick(problem(4, 64, 151936, 1024, M), sm80());
@@ -269,7 +311,7 @@ TEST(KernelPlan, EnvironmentOverridesAreValidated) {
     ScopedEnv e("QHEAD_CUDA_STAGED_WARPS", bad);
     EXPECT_THROW((void)LogitsOverrides::from_env(), Error) << bad;
   }
-  for (const char* name : {"QHEAD_CUDA_DEPENDENT_LAUNCH"})
+  for (const char* name : {"QHEAD_CUDA_DEPENDENT_LAUNCH", "QHEAD_CUDA_STAGED_WGMMA"})
     for (const char* bad : {"yes", "2", "on", " 1"}) {
       ScopedEnv e(name, bad);
       try {
@@ -285,6 +327,11 @@ TEST(KernelPlan, EnvironmentOverridesAreValidated) {
     EXPECT_EQ(LogitsOverrides::from_env().dependent_launch, v[0] == '1');
   }
   EXPECT_FALSE(LogitsOverrides::from_env().dependent_launch.has_value());
+  for (const char* v : {"0", "1"}) {
+    ScopedEnv b("QHEAD_CUDA_STAGED_WGMMA", v);
+    EXPECT_EQ(LogitsOverrides::from_env().staged_wgmma, v[0] == '1');
+  }
+  EXPECT_FALSE(LogitsOverrides::from_env().staged_wgmma.has_value());
   ScopedEnv k("QHEAD_CUDA_LOGITS_KERNEL", "gemm_mma_sync");
   ScopedEnv t("QHEAD_CUDA_TOPK_PATH", "lists");
   ScopedEnv x("QHEAD_CUDA_STAGED_CTA_X", "4096");

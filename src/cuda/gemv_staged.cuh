@@ -53,12 +53,31 @@ namespace qhead::cuda_detail {
 //   accumulator chains per group (1|2: the two k-blocks of a segment alternate,
 //   halving the dependent MMA chain; with NT > 1 the tiles' MMAs are the
 //   independent chains) · NW warps per CTA (8; 16 for 8-bit with NT = 4) · NT
-//   8-column activation tiles per warp (1|2|4), sharing each A fragment.
+//   8-column activation tiles per warp (1|2|4), sharing each A fragment · WG
+//   the warpgroup form (below).
+//
+// The warpgroup form (WG, sm_90a, NT = 4). With four column tiles a
+// warp issued NT mma.sync per k-block and loaded 16 bytes of B per column
+// tile and k-block pair from shared memory (16 KB per 2 KB stage of codes).
+// Here the four warps of a warpgroup take four consecutive row tiles, and
+// per k-block one wgmma m64n32k16 multiplies their A fragments (each
+// warp's registers: the m16n8k16 fragment of its 16 rows, dequantized
+// exactly as above) by the activations, which the tensor cores read from
+// shared memory in the wgmma B layout of one 32-column tile (K-major, no
+// swizzle; built per CTA, or once per call by permute_x_wg_kernel when
+// large). A group's k-blocks in the stage go out as one
+// batch (at most 8 k-blocks) into cacc, scale-d = 0 at the group's first;
+// wgmma.wait_group 0, then the group's f32 fold: the same arithmetic.
+// The four warps' tile counts are their warpgroup's (tiles rounded up to
+// four, rows past V zero-filled and never stored), so they reach every
+// wgmma together; each keeps its own stage ring.
 
 
-template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK, int CH, int NW, int NT>
-__global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const LogitsArgs a) {
+template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK, int CH, int NW, int NT, bool WG>
+__device__ __forceinline__ void logits_gemv_staged(const LogitsArgs& a) {
   static_assert(!TOPK || NT == 1, "the top-k epilogue keeps pools for 8 columns");
+  static_assert(!WG || (!TOPK && RT == 1 && CH == 1 && NT == 4 && NW % 4 == 0),
+                "the warpgroup form: one row tile, four column tiles, whole warpgroups");
   constexpr int kWarps = NW;
   constexpr int SPS = C / 16;          // 16-byte segments per row per stage
   constexpr int P = C + 16;            // shared row pitch (bytes)
@@ -73,7 +92,10 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
   const int64_t warp = int64_t(blockIdx.y) * kWarps + wic;
   const int64_t nwarps = int64_t(gridDim.y) * kWarps;
   const int64_t tiles = (a.V + ROWS - 1) / ROWS;
-  const int my_tiles = warp < tiles ? int((tiles - warp + nwarps - 1) / nwarps) : 0;
+  // WG: a warpgroup's four warps take tiles 4q .. 4q + 3 (warp ≡ its place mod 4, nwarps a
+  // multiple of 4), so counting whole groups of four gives the four warps one count.
+  const int64_t ctiles = WG ? (tiles + 3) / 4 * 4 : tiles;
+  const int my_tiles = warp < ctiles ? int((ctiles - warp + nwarps - 1) / nwarps) : 0;
   const int64_t row_bytes = int64_t(a.H) * BITS / 8;
   const int nst = int(row_bytes / C);  // stages per tile
   const int total = my_tiles * nst;
@@ -85,17 +107,19 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
   // Shared memory: the activations in B-fragment order (built here: no
   // permute launch), then each warp's region, then the top-k pools.
   extern __shared__ __align__(16) unsigned char st_smem[];
-  const int xs = staged_x_bytes(BITS, C, a.H, a.M);
+  const int xs = WG ? staged_wg_x_bytes(a.H, NT) : staged_x_bytes(BITS, C, a.H, a.M);
   const int wbytes = staged_warp_bytes(BITS, C, RT, NS, ASYM, a.groups, sbytes);
   unsigned char* bsm = st_smem;
   unsigned char* wsm = st_smem + xs + wic * wbytes;
   if (a.x_stage) {
-    // Prebuilt (staged_x_kernel): a flat copy, all of it in flight at once.
+    // Prebuilt (staged_x_kernel, or permute_x_wg_kernel for WG): a flat copy, all of it in flight at once.
     const char* xg = static_cast<const char*>(a.x_stage);
     const uint32_t xb = smem_u32(bsm);
     for (int f = threadIdx.x; f < xs / 16; f += blockDim.x) cp_async<16>(xb + f * 16, xg + f * 16, 16);
     cp_async_commit();
     cp_async_wait<0>();
+  } else if constexpr (WG) {
+    staged_wg_x_build<BITS, T, NT * 8>(static_cast<const T*>(a.x), a.M, a.H, bsm);
   } else {
     const T* x = static_cast<const T*>(a.x);
     if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
@@ -123,6 +147,8 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
     for (int f = threadIdx.x; f < staged_zero_bytes(BITS, C) / 16; f += blockDim.x)
       reinterpret_cast<uint4*>(bsm + a.M * staged_col_bytes(a.H))[f] = make_uint4(0u, 0u, 0u, 0u);
   }
+  // WG: written through the generic proxy, read by the wgmmas through the async one.
+  if constexpr (WG) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
   TopkAll<RT> tk;
   if constexpr (TOPK) tk.init(a, st_smem + xs + kWarps * wbytes);
   cta_sync();
@@ -227,6 +253,7 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
       zoff[r][h] = 8388608.0f + float(1 << (BITS - 1));
     }
 
+
   for (int q0 = 0; q0 < total; q0 += NS) {
 #pragma unroll
     for (int d = 0; d < NS; ++d) {
@@ -269,69 +296,111 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
         else
           fill([&](int idx) { return reinterpret_cast<const float*>(sbuf)[idx]; });
       }
+      // A group's start: its zero points into the dequant biases.
+      auto group_bias = [&](int grp) {
+        if constexpr (ASYM) {
 #pragma unroll
-      for (int sg = 0; sg < SPS; ++sg) {
-        const bool gstart = GS > 0 ? (sg % GS1 == 0) : (sg == 0 && cgs == 0);
-        const bool gend = GS > 0 ? (sg % GS1 == GS1 - 1) : (sg == SPS - 1 && cgs == a.st_spg - 1);
-        const int grp = GS > 0 ? cst * (SPS / GS1) + sg / GS1 : cgrp;
-        if (gstart) {
-          zero(cacc);
-          if constexpr (CH == 2) zero(cacc2);
-          if constexpr (ASYM) {
-#pragma unroll
-            for (int r = 0; r < RT; ++r)
-#pragma unroll
-              for (int h = 0; h < 2; ++h) {
-                const int rr = r * 16 + h * 8 + g;
-                const uint32_t word = zbuf[((rr * BITS) >> 5) * a.groups + grp];
-                const int z = int((word >> ((rr * BITS) & 31)) & ((1u << BITS) - 1u)) - (1 << (BITS - 1));
-                bias[r][h] = make_bias<BITS, T>(z);
-                bias16[r][h] = pack2<T>(-(72.0f + float(z)), -(72.0f + float(z)));
-                zoff[r][h] = 8388608.0f + float(1 << (BITS - 1)) + float(z);
-              }
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < KBS; ++j) {
-          const int f = sg * KBS + j;  // k-block of the stage; load f / 2 holds f and f + 1
-          if (f % 2 == 0) {
-#pragma unroll
-            for (int n = 0; n < NT; ++n) Bq[n] = *reinterpret_cast<const uint4*>(bp[n] + (f / 2) * 64);
-          }
-#pragma unroll
-          for (int r = 0; r < RT; ++r) {
-            uint32_t A[4];
-            A[0] = dequant_pair<BITS, T>(w[r][sg][0], j, 0, bias[r][0], bias16[r][0], zoff[r][0]);
-            A[1] = dequant_pair<BITS, T>(w[r][sg][1], j, 0, bias[r][1], bias16[r][1], zoff[r][1]);
-            A[2] = dequant_pair<BITS, T>(w[r][sg][0], j, 1, bias[r][0], bias16[r][0], zoff[r][0]);
-            A[3] = dequant_pair<BITS, T>(w[r][sg][1], j, 1, bias[r][1], bias16[r][1], zoff[r][1]);
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-              const uint32_t b0 = f % 2 ? Bq[n].z : Bq[n].x, b1 = f % 2 ? Bq[n].w : Bq[n].y;
-              if (CH == 2 && (f & 1)) mma16816<T>(cacc2[r][n], A, b0, b1);
-              else mma16816<T>(cacc[r][n], A, b0, b1);
-            }
-          }
-        }
-        if (gend) {  // the group ends: scale its f32 partial sums once
-#pragma unroll
-          for (int r = 0; r < RT; ++r) {
-            if constexpr (CH == 2) {
-#pragma unroll
-              for (int n = 0; n < NT; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) cacc[r][n][e] += cacc2[r][n][e];
-            }
-            float sc[2];
+          for (int r = 0; r < RT; ++r)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              if constexpr (GS > 0) {
-                sc[h] = scv[r][sg / GS1][h];
-              } else {
-                sc[h] = load_scale(sbuf, a.scale_type, (r * 16 + h * 8 + g) * a.groups + grp);
+              const int rr = r * 16 + h * 8 + g;
+              const uint32_t word = zbuf[((rr * BITS) >> 5) * a.groups + grp];
+              const int z = int((word >> ((rr * BITS) & 31)) & ((1u << BITS) - 1u)) - (1 << (BITS - 1));
+              bias[r][h] = make_bias<BITS, T>(z);
+              bias16[r][h] = pack2<T>(-(72.0f + float(z)), -(72.0f + float(z)));
+              zoff[r][h] = 8388608.0f + float(1 << (BITS - 1)) + float(z);
+            }
+        }
+      };
+      // The scale of row tile r's row g + 8h in group grp, the stage's group gi when GS > 0.
+      auto group_scale = [&](int r, int h, int gi, int grp) {
+        if constexpr (GS > 0) return scv[r][gi][h];
+        else return load_scale(sbuf, a.scale_type, (r * 16 + h * 8 + g) * a.groups + grp);
+      };
+      if constexpr (WG) {
+        // Batches of SB segments: a group's part of the stage (GS > 0), else 8 k-blocks; each
+        // batch's wgmmas are waited for before the next batch is dequantized (dequantizing the
+        // next batch while they ran, from a second A buffer, measured no faster).
+        constexpr int SB = GS > 0 ? GS1 : 8 / KBS;
+        static_assert(SB * KBS <= 8 && SPS % SB == 0, "a batch is at most 8 k-blocks and tiles the stage");
+        constexpr int XKB = NT * 8 * 32;  // bytes of B per k-block
+        // B descriptor without the start address: LBO = 8·NT·16 bytes (the k-halves), SBO = 128.
+        constexpr uint64_t kDescHi = (uint64_t(NT * 8 * 16 >> 4) << 16) | (uint64_t(128 >> 4) << 32);
+        const uint32_t xst = smem_u32(bsm) + uint32_t(cst * SPS * KBS * XKB);
+#pragma unroll
+        for (int b0 = 0; b0 < SPS; b0 += SB) {
+          const bool gstart = GS > 0 ? (b0 % GS1 == 0) : (b0 == 0 && cgs == 0);
+          const bool gend = GS > 0 ? ((b0 + SB) % GS1 == 0) : (b0 + SB == SPS && cgs == a.st_spg - 1);
+          const int grp = GS > 0 ? cst * (SPS / GS1) + b0 / GS1 : cgrp;
+          if (gstart) group_bias(grp);
+          uint32_t A[SB * KBS][4];
+#pragma unroll
+          for (int sl = 0; sl < SB; ++sl)
+#pragma unroll
+            for (int j = 0; j < KBS; ++j) {
+              uint32_t* Ak = A[sl * KBS + j];
+              const uint32_t w0 = w[0][b0 + sl][0], w1 = w[0][b0 + sl][1];
+              Ak[0] = dequant_pair<BITS, T>(w0, j, 0, bias[0][0], bias16[0][0], zoff[0][0]);
+              Ak[1] = dequant_pair<BITS, T>(w1, j, 0, bias[0][1], bias16[0][1], zoff[0][1]);
+              Ak[2] = dequant_pair<BITS, T>(w0, j, 1, bias[0][0], bias16[0][0], zoff[0][0]);
+              Ak[3] = dequant_pair<BITS, T>(w1, j, 1, bias[0][1], bias16[0][1], zoff[0][1]);
+            }
+          fence_regs<NT>(cacc[0]);
+          wgmma_fence();
+#pragma unroll
+          for (int kk = 0; kk < SB * KBS; ++kk) {
+            const uint64_t desc = kDescHi | uint64_t(((xst + (b0 * KBS + kk) * XKB) & 0x3FFFF) >> 4);
+            wgmma_n32<T>(cacc[0], A[kk], desc, (kk > 0 || !gstart) ? 1 : 0);
+          }
+          wgmma_commit();
+          wgmma_wait0();  // the batch's A registers free, cacc final
+          fence_regs<NT>(cacc[0]);
+          if (gend) fold_group<NT>(acc[0], cacc[0], group_scale(0, 0, b0 / GS1, grp), group_scale(0, 1, b0 / GS1, grp));
+        }
+      } else {
+#pragma unroll
+        for (int sg = 0; sg < SPS; ++sg) {
+          const bool gstart = GS > 0 ? (sg % GS1 == 0) : (sg == 0 && cgs == 0);
+          const bool gend = GS > 0 ? (sg % GS1 == GS1 - 1) : (sg == SPS - 1 && cgs == a.st_spg - 1);
+          const int grp = GS > 0 ? cst * (SPS / GS1) + sg / GS1 : cgrp;
+          if (gstart) {
+            zero(cacc);
+            if constexpr (CH == 2) zero(cacc2);
+            group_bias(grp);
+          }
+#pragma unroll
+          for (int j = 0; j < KBS; ++j) {
+            const int f = sg * KBS + j;  // k-block of the stage; load f / 2 holds f and f + 1
+            if (f % 2 == 0) {
+#pragma unroll
+              for (int n = 0; n < NT; ++n) Bq[n] = *reinterpret_cast<const uint4*>(bp[n] + (f / 2) * 64);
+            }
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+              uint32_t A[4];
+              A[0] = dequant_pair<BITS, T>(w[r][sg][0], j, 0, bias[r][0], bias16[r][0], zoff[r][0]);
+              A[1] = dequant_pair<BITS, T>(w[r][sg][1], j, 0, bias[r][1], bias16[r][1], zoff[r][1]);
+              A[2] = dequant_pair<BITS, T>(w[r][sg][0], j, 1, bias[r][0], bias16[r][0], zoff[r][0]);
+              A[3] = dequant_pair<BITS, T>(w[r][sg][1], j, 1, bias[r][1], bias16[r][1], zoff[r][1]);
+#pragma unroll
+              for (int n = 0; n < NT; ++n) {
+                const uint32_t b0 = f % 2 ? Bq[n].z : Bq[n].x, b1 = f % 2 ? Bq[n].w : Bq[n].y;
+                if (CH == 2 && (f & 1)) mma16816<T>(cacc2[r][n], A, b0, b1);
+                else mma16816<T>(cacc[r][n], A, b0, b1);
               }
             }
-            fold_group<NT>(acc[r], cacc[r], sc[0], sc[1]);
+          }
+          if (gend) {  // the group ends: scale its f32 partial sums once
+#pragma unroll
+            for (int r = 0; r < RT; ++r) {
+              if constexpr (CH == 2) {
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+#pragma unroll
+                  for (int e = 0; e < 4; ++e) cacc[r][n][e] += cacc2[r][n][e];
+              }
+              fold_group<NT>(acc[r], cacc[r], group_scale(r, 0, sg / GS1, grp), group_scale(r, 1, sg / GS1, grp));
+            }
           }
         }
       }
@@ -345,7 +414,8 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
         if constexpr (TOPK) tk.append(a, acc, ct * ROWS, g, t);
         else {
           store_tile<RT, NT>(a, acc, ct * ROWS, 0, g, t);
-          if (a.tile_part) store_tile_summary<RT, NT>(a, acc, ct * ROWS, g, t);
+          // (WG: tiles past V, which the rounding to warpgroups adds, have no summary.)
+          if (a.tile_part && (!WG || ct * ROWS < a.V)) store_tile_summary<RT, NT>(a, acc, ct * ROWS, g, t);
         }
         zero(acc);
         cst = 0;
@@ -360,6 +430,16 @@ __global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const Logit
   }
   cp_async_wait<0>();  // no copy outlives the kernel (the trailing empty groups)
   if constexpr (TOPK) tk.finish(a, st_smem + xs, g, t);  // the stage rings are free now
+}
+
+template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK, int CH, int NW, int NT, bool WG>
+// The warpgroup form is planned where two CTAs share an SM: at most 128 registers.
+__global__ void __launch_bounds__(NW * 32, WG ? 2 : 1) logits_gemv_staged_kernel(const LogitsArgs a) {
+#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (WG) return;  // sm_90a only: the selector never plans it elsewhere
+  else
+#endif
+    logits_gemv_staged<BITS, T, C, RT, NS, GS, ASYM, TOPK, CH, NW, NT, WG>(a);
 }
 
 }  // namespace qhead::cuda_detail

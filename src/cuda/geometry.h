@@ -43,6 +43,10 @@ QHEAD_HD constexpr int staged_col_bytes(int H) { return 2 * H + 64; }
 QHEAD_HD constexpr int staged_x_bytes(int bits, int stage_bytes, int H, int M) {
   return M * staged_col_bytes(H) + staged_zero_bytes(bits, stage_bytes);
 }
+// The warpgroup form (LogitsPlan::wgmma): the activations in the wgmma B
+// layout of one 8·col_tiles-column tile (permute_x_wg_kernel, BM = 8·col_tiles):
+// per k-block 32 bytes per column, columns >= M zero.
+QHEAD_HD constexpr int staged_wg_x_bytes(int H, int col_tiles) { return 2 * H * 8 * col_tiles; }
 // Bytes the staged layout of M columns needs beyond M·H 16-bit values (the
 // activation workspace holds either layout).
 QHEAD_HD constexpr int64_t staged_x_extra(int64_t M) { return M * 64 + 512; }

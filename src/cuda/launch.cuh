@@ -107,10 +107,11 @@ void launch_regring(const LogitsArgs& a, const LogitsPlan& p, cudaStream_t s) {
 
 // ---- staged GEMV -------------------------------------------------------------------------
 
-template <int C_, int GS_, bool ASYM_, bool TOPK_, int NT_, int NW_ = kStagedWarps, int NS_ = kStagedStages>
+template <int C_, int GS_, bool ASYM_, bool TOPK_, int NT_, int NW_ = kStagedWarps, int NS_ = kStagedStages,
+          bool WG_ = false>
 struct StagedConfig {
   static constexpr int C = C_, GS = GS_, NT = NT_, NW = NW_, NS = NS_;
-  static constexpr bool ASYM = ASYM_, TOPK = TOPK_;
+  static constexpr bool ASYM = ASYM_, TOPK = TOPK_, WG = WG_;
 };
 
 // Calls f(StagedConfig<...>()) for the plan's staged configuration: 128- or
@@ -132,7 +133,10 @@ void with_staged_config(const LogitsPlan& p, bool asym, F&& f) {
       constexpr int GS = decltype(gs)::value;
       // 8-bit groups of one 16-byte segment (16 h) take no fused kernel (select.cc).
       if constexpr (BITS == 8 && GS == 1) plan_not_compiled(p, "no staged kernel for 8-bit groups of 16");
-      else if (topk) {
+      else if (p.wgmma) {  // the warpgroup form: 128-byte stages, four column tiles, 8 warps
+        if (p.stage_bytes == 128 && !topk && p.col_tiles == 4 && !wide)
+          return f(StagedConfig<128, GS, ASYM, false, 4, kStagedWarps, kStagedFourTileStages, true>());
+      } else if (topk) {
         if (p.stage_bytes == 128 && p.col_tiles == 1) return f(StagedConfig<128, GS, ASYM, true, 1>());
       } else if (p.stage_bytes == 128) {
         if (p.col_tiles == 4) {
@@ -160,7 +164,7 @@ constexpr auto staged_kernel() {
   // Two accumulator chains per group for one column tile; with more, the
   // tiles' MMAs are the independent chains.
   return logits_gemv_staged_kernel<BITS, T, Cfg::C, kStagedRowTiles, Cfg::NS, Cfg::GS, Cfg::ASYM, Cfg::TOPK,
-                                   Cfg::NT == 1 ? kStagedChains : 1, Cfg::NW, Cfg::NT>;
+                                   Cfg::NT == 1 ? kStagedChains : 1, Cfg::NW, Cfg::NT, Cfg::WG>;
 }
 
 inline int smem_optin() {
@@ -198,7 +202,13 @@ void launch_staged(const LogitsArgs& args, const LogitsPlan& p, cudaStream_t s) 
       }
       grid = std::min<int64_t>(want, int64_t(sm_count()) * occ);
     }
-    if (p.x_prebuilt) {
+    if (Cfg::WG && p.x_prebuilt) {  // the wgmma B layout of one 8·NT-column tile, copied flat by each CTA
+      const int64_t nunits = int64_t(a.H / 16) * (8 * Cfg::NT) * 2;
+      permute_x_wg_kernel<BITS, T><<<unsigned((nunits + 255) / 256), 256, 0, s>>>(
+          static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, 8 * Cfg::NT, 8 * Cfg::NT, a.H);
+      QHEAD_CUDA_CHECK_LAUNCH("permute_x_wg_kernel");
+      a.x_stage = a.x_frag;
+    } else if (!Cfg::WG && p.x_prebuilt) {
       const int n = a.M * a.H / 4 + staged_zero_bytes(BITS, Cfg::C) / 16;
       staged_x_kernel<BITS, T, Cfg::C><<<unsigned((n + 255) / 256), 256, 0, s>>>(
           static_cast<const T*>(a.x), a.M, a.H, static_cast<unsigned char*>(a.x_frag));

@@ -105,6 +105,9 @@ struct LogitsOverrides {
   // (selection levels, tile select, sampling) launched as programmatic
   // dependents of it (cuda/pdl.cuh); sm_90 and later only.
   std::optional<bool> dependent_launch;
+  // The staged GEMV's warpgroup form (LogitsPlan::wgmma) where it can run: two or four column
+  // tiles on sm_90.
+  std::optional<bool> staged_wgmma;
 
   // From the environment (documented in docs/architecture.md#kernel-plan):
   //   QHEAD_CUDA_LOGITS_KERNEL     gemv_regring | gemv_staged | gemm_mma_sync | gemm_wgmma | gemm_wgmma_ws | cublas
@@ -112,6 +115,7 @@ struct LogitsOverrides {
   //   QHEAD_CUDA_STAGED_CTA_X      bytes, 0 to 1048576
   //   QHEAD_CUDA_STAGED_WARPS      8 | 16
   //   QHEAD_CUDA_DEPENDENT_LAUNCH  0 | 1
+  //   QHEAD_CUDA_STAGED_WGMMA      0 | 1
   // An unset or empty variable is no override; any other value that is not
   // one of those throws Error(kInvalidArgument) naming the variable and the
   // values allowed.
@@ -136,6 +140,10 @@ struct LogitsPlan {
   int group_segs = 0;        // staged GEMV, GEMMs: 16-byte segments per group (1, 2, 4); 0: a group spans stages
   int stages_per_group = 1;  // group_segs == 0: stages per group
   bool x_prebuilt = false;   // staged GEMV: the activations built once per call (staged_x_kernel)
+  // Staged GEMV (sm_90a, two or four column tiles): each warpgroup's four row tiles multiply the
+  // activations by one wgmma per k-block, B read from shared memory by the tensor cores (the
+  // activations in the wgmma B layout, built once per call), instead of an mma.sync per column tile.
+  bool wgmma = false;
   int smem_bytes = 0;        // staged GEMV: dynamic shared memory per CTA
   // kTopkPools: pools for pool_cols columns of pool_cap entries, grid CTAs.
   // kTopkLists: grid CTAs (per column tile), list_segments lists of

@@ -31,6 +31,19 @@ constexpr int kStagedMaxM = 32;
 // consistently: w4g64 M = 32 59.5 vs 58.0, w4g128 58.1 vs 53.4).
 constexpr bool kStaged8BitWide = true;
 constexpr int kPoolsMaxM = 8;
+// Staged GEMV, four column tiles of 128-byte stages on sm_90, 4-bit rows: the
+// warpgroup form (four warps' row tiles by one wgmma m64n32k16 per k-block,
+// B read from shared memory by the tensor cores) where two of its CTAs share
+// an SM. It needs <= 128 registers where the per-warp mma.sync form needs
+// 142-148, so it runs 16 warps per SM instead of 8: 151936x1024 M = 17-32
+// w4g64 56.9-58.2 -> 53.2-54.8 us, w4g128 51.6-54.0 -> 50.4-51.8, top-k by
+// tile select 75.4-82.1 -> 66.9-71.4 (one binary, two runs). At one CTA per
+// SM it lost (262144x2560 w4g128 M = 17 176.1 -> 180.7, w8g128 198.7 ->
+// 262.7); 8-bit rows gained only in the top-k (w8g128 f16 logits +-1.5 us,
+// bf16 +5 us against the 16-warp form), so they keep the mma.sync form unless
+// forced (QHEAD_CUDA_STAGED_WGMMA=1).
+constexpr bool kStagedWgmma4Bit = true;
+constexpr int kStagedWgmmaMinCtas = 2;
 // Staged GEMV: a tile's scale block is copied with its first stage into one
 // of two buffers; above this it would not leave room for the ring.
 constexpr int kStagedMaxScaleBlock = 4096;
@@ -208,16 +221,32 @@ std::optional<LogitsPlan> plan_staged_base(const LogitsProblem& p, const DeviceI
     plan.warps = g::kStagedWideWarps;
   if (16 * g::kStagedRowTiles * p.groups() * p.scale_bytes > kStagedMaxScaleBlock) return std::nullopt;
   if (!group_layout(p, plan.stage_bytes, /*one_segment=*/true, plan)) return std::nullopt;
-  const int xs = g::staged_x_bytes(p.bits, plan.stage_bytes, int(p.H), int(p.M));
-  plan.x_prebuilt = xs > ov.staged_cta_x.value_or(kStagedCtaX);
-  auto smem = [&](int warps, int stages) {
+  auto smem = [&](int xs, int warps, int stages) {
     return xs + warps * g::staged_warp_bytes(p.bits, plan.stage_bytes, g::kStagedRowTiles, stages, !p.symmetric,
                                              int(p.groups()), p.scale_bytes);
   };
-  if (plan.warps != g::kStagedWarps && smem(plan.warps, plan.stages) > d.smem_optin) plan.warps = g::kStagedWarps;
+  const int cta_x = ov.staged_cta_x.value_or(kStagedCtaX);
+  // The warpgroup form: 8 warps, 2 stages, the activations in the wgmma layout.
+  if (d.has_wgmma() && plan.col_tiles == 4 && plan.stage_bytes == 128 &&
+      ov.staged_wgmma.value_or(kStagedWgmma4Bit && p.bits == 4)) {
+    LogitsPlan wg = plan;
+    wg.wgmma = true;
+    wg.warps = g::kStagedWarps;
+    wg.stages = g::staged_stages(wg.col_tiles, wg.stage_bytes, wg.warps);
+    const int xs = g::staged_wg_x_bytes(int(p.H), wg.col_tiles);
+    wg.x_prebuilt = xs > cta_x;
+    wg.smem_bytes = smem(xs, wg.warps, wg.stages);
+    // By default only where two CTAs share an SM (kStagedWgmmaMinCtas); forced, wherever it fits.
+    if (wg.smem_bytes <= d.smem_optin &&
+        (ov.staged_wgmma.has_value() || d.blocks_per_sm(p, wg, wg.smem_bytes) >= kStagedWgmmaMinCtas))
+      return wg;
+  }
+  const int xs = g::staged_x_bytes(p.bits, plan.stage_bytes, int(p.H), int(p.M));
+  plan.x_prebuilt = xs > cta_x;
+  if (plan.warps != g::kStagedWarps && smem(xs, plan.warps, plan.stages) > d.smem_optin) plan.warps = g::kStagedWarps;
   // Four column tiles of 128-byte stages in 8 warps take 2 stages per warp.
   plan.stages = g::staged_stages(plan.col_tiles, plan.stage_bytes, plan.warps);
-  plan.smem_bytes = smem(plan.warps, plan.stages);
+  plan.smem_bytes = smem(xs, plan.warps, plan.stages);
   return plan;
 }
 
@@ -375,6 +404,7 @@ std::string LogitsPlan::describe() const {
   add("l", piece_bytes);
   add("c", stage_bytes);
   if (stage_bytes) s += " gs=" + std::to_string(group_segs) + (group_segs == 0 ? "x" + std::to_string(stages_per_group) : "");
+  if (wgmma) s += " wgmma";
   if (x_prebuilt) s += " x_prebuilt";
   if (epilogue == LogitsEpilogue::kTopkPools)
     s += " +pools(cols=" + std::to_string(pool_cols) + " cap=" + std::to_string(pool_cap) + " grid=" + std::to_string(grid) + ")";
@@ -451,6 +481,7 @@ LogitsOverrides LogitsOverrides::from_env() {
     throw Error(ErrorCode::kInvalidArgument, name, "'" + v + "' is not 0 or 1");
   };
   ov.dependent_launch = flag("QHEAD_CUDA_DEPENDENT_LAUNCH");
+  ov.staged_wgmma = flag("QHEAD_CUDA_STAGED_WGMMA");
   return ov;
 }
 

@@ -107,17 +107,11 @@ __device__ __forceinline__ uint32_t wgmma_ws_x_offset(int BM, int kb, int kc, in
 // KBST k-blocks of a column tile are one contiguous block of KBST·BM·32 bytes
 // at ((kb / KBST)·(Mpad/BM) + mt)·KBST·BM·32, laid out as wgmma_ws_x_offset
 // (128-byte swizzle), so that the kernel copies a stage flat.
-template <int BITS, class T, int KBST = 0>
-__global__ void permute_x_wg_kernel(const T* __restrict__ x, T* __restrict__ xw, int M, int Mpad, int BM, int H) {
+// The 16 bytes of the wgmma B layout for k-block kb, k-half kc, column m
+// (zeros for m >= M): x[m, h] for k-slots kc·8 + i, i = 0..7.
+template <int BITS, class T>
+__device__ __forceinline__ uint4 wg_x_unit(const T* __restrict__ x, int M, int H, int m, int kb, int kc) {
   using Gm = Geometry<BITS, 4>;
-  const int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // one 16-byte unit
-  if (f >= int64_t(H / 16) * Mpad * 2) return;
-  const int nl = int(f % BM);
-  const int kc = int((f / BM) % 2);
-  const int64_t tile = f / (2 * BM);  // kb·(Mpad/BM) + mt
-  const int nmt = Mpad / BM;
-  const int mt = int(tile % nmt), kb = int(tile / nmt);
-  const int m = mt * BM + nl;
   const int hword = (kb / Gm::KBC) * Gm::S;
   union {
     T v[8];
@@ -128,11 +122,85 @@ __global__ void permute_x_wg_kernel(const T* __restrict__ x, T* __restrict__ xw,
     const int tt = i / 2, e = (i % 2) + 2 * kc;
     o.v[i] = m < M ? x[int64_t(m) * H + hword + tt * Gm::HW + Gm::h_of(kb % Gm::KBC, e)] : Act<T>::from_float(0.0f);
   }
+  return o.u;
+}
+
+template <int BITS, class T, int KBST = 0>
+__global__ void permute_x_wg_kernel(const T* __restrict__ x, T* __restrict__ xw, int M, int Mpad, int BM, int H) {
+  const int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;  // one 16-byte unit
+  if (f >= int64_t(H / 16) * Mpad * 2) return;
+  const int nl = int(f % BM);
+  const int kc = int((f / BM) % 2);
+  const int64_t tile = f / (2 * BM);  // kb·(Mpad/BM) + mt
+  const int nmt = Mpad / BM;
+  const int mt = int(tile % nmt), kb = int(tile / nmt);
+  const int m = mt * BM + nl;
+  const uint4 u = wg_x_unit<BITS, T>(x, M, H, m, kb, kc);
   if constexpr (KBST > 0) {
     const int64_t off = (int64_t(kb / KBST) * nmt + mt) * KBST * BM * 32 + wgmma_ws_x_offset(BM, kb % KBST, kc, nl);
-    *reinterpret_cast<uint4*>(reinterpret_cast<char*>(xw) + off) = o.u;
+    *reinterpret_cast<uint4*>(reinterpret_cast<char*>(xw) + off) = u;
   } else {
-    reinterpret_cast<uint4*>(xw)[f] = o.u;
+    reinterpret_cast<uint4*>(xw)[f] = u;
+  }
+}
+
+// The staged GEMV's warpgroup form builds its activations (staged_wg_x_bytes)
+// per CTA in shared memory: the wgmma B layout of one N-column tile, unit
+// (k-block kb, k-half kc, column n) at ((2·kb + kc)·N + n)·16 bytes
+// (permute_x_wg_kernel with Mpad = BM = N). By Geometry<BITS, 4>::h_of its
+// value i is x[n, h] with, for 4-bit, h = 32·(kb / 2) + 4i + 2·(kb % 2) + kc
+// (the four units of k-blocks 2q, 2q + 1 take every fourth of the 32 values
+// from 32q) and, for 8-bit, h = 16·kb + 2i + kc (the two units of k-block kb
+// take the even and the odd of the 16 from 16·kb). So with x 16-byte aligned
+// a thread reads those 32 (16) values with four (two) 16-byte loads, four
+// items in flight, and writes the units with byte permutes; otherwise one
+// unit per thread from 2-byte loads.
+template <int BITS, class T, int N>
+__device__ __forceinline__ void staged_wg_x_build(const T* __restrict__ x, int M, int H, unsigned char* dst) {
+  if ((reinterpret_cast<uintptr_t>(x) & 15) != 0) {
+    for (int f = threadIdx.x; f < (H / 16) * 2 * N; f += blockDim.x) {
+      const int n = f % N, kc = (f / N) % 2, kb = f / (2 * N);
+      *reinterpret_cast<uint4*>(dst + int64_t(f) * 16) = wg_x_unit<BITS, T>(x, M, H, n, kb, kc);
+    }
+    return;
+  }
+  constexpr int SPAN = BITS == 4 ? 32 : 16;  // values per item
+  constexpr int LD = SPAN / 8;               // 16-byte loads per item
+  const int per_col = H / SPAN, items = N * per_col;
+  const unsigned char* xb = reinterpret_cast<const unsigned char*>(x);
+  for (int i0 = threadIdx.x; i0 < items; i0 += 4 * int(blockDim.x)) {
+    uint4 v[4][LD];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int it = i0 + u * int(blockDim.x), n = it / per_col, q = it % per_col;
+#pragma unroll
+      for (int l = 0; l < LD; ++l)
+        v[u][l] = it < items && n < M ? reinterpret_cast<const uint4*>(xb + (int64_t(n) * H + q * SPAN) * 2)[l]
+                                      : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int it = i0 + u * int(blockDim.x), n = it / per_col, q = it % per_col;
+      if (it >= items) break;
+      auto word = [&](int l, int k) { return k == 0 ? v[u][l].x : k == 1 ? v[u][l].y : k == 2 ? v[u][l].z : v[u][l].w; };
+      if constexpr (BITS == 4) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {  // c = 2·(kb % 2) + kc; output word w: values 2w, 2w + 1 from load w
+          const unsigned sel = c % 2 ? 0x7632u : 0x5410u;
+          *reinterpret_cast<uint4*>(dst + ((4 * q + c) * N + n) * 16) =
+              make_uint4(__byte_perm(word(0, c / 2), word(0, 2 + c / 2), sel), __byte_perm(word(1, c / 2), word(1, 2 + c / 2), sel),
+                         __byte_perm(word(2, c / 2), word(2, 2 + c / 2), sel), __byte_perm(word(3, c / 2), word(3, 2 + c / 2), sel));
+        }
+      } else {
+#pragma unroll
+        for (int kc = 0; kc < 2; ++kc) {  // output word w: values 2w, 2w + 1, words 2·(w % 2), +1 of load w / 2
+          const unsigned sel = kc ? 0x7632u : 0x5410u;
+          *reinterpret_cast<uint4*>(dst + ((2 * q + kc) * N + n) * 16) =
+              make_uint4(__byte_perm(word(0, 0), word(0, 1), sel), __byte_perm(word(0, 2), word(0, 3), sel),
+                         __byte_perm(word(1, 0), word(1, 1), sel), __byte_perm(word(1, 2), word(1, 3), sel));
+        }
+      }
+    }
   }
 }
 
