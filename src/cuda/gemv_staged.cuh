@@ -432,14 +432,20 @@ __device__ __forceinline__ void logits_gemv_staged(const LogitsArgs& a) {
   if constexpr (TOPK) tk.finish(a, st_smem + xs, g, t);  // the stage rings are free now
 }
 
-template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK, int CH, int NW, int NT, bool WG>
-// The warpgroup form is planned where two CTAs share an SM: at most 128 registers.
-__global__ void __launch_bounds__(NW * 32, WG ? 2 : 1) logits_gemv_staged_kernel(const LogitsArgs a) {
-#if !defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (WG) return;  // sm_90a only: the selector never plans it elsewhere
-  else
+// The kernels: the mma.sync form under its plain bound (a minimum of one CTA
+// per SM changes ptxas's register choice: the two-tile instance took 163
+// registers instead of 128), the warpgroup form held to two CTAs per SM
+// (<= 128 registers; 8-bit bf16 rows took 129 without).
+template <int BITS, class T, int C, int RT, int NS, int GS, bool ASYM, bool TOPK, int CH, int NW, int NT>
+__global__ void __launch_bounds__(NW * 32) logits_gemv_staged_kernel(const LogitsArgs a) {
+  logits_gemv_staged<BITS, T, C, RT, NS, GS, ASYM, TOPK, CH, NW, NT, false>(a);
+}
+
+template <int BITS, class T, int C, int NS, int GS, bool ASYM, int NW>
+__global__ void __launch_bounds__(NW * 32, 2) logits_gemv_staged_wg_kernel(const LogitsArgs a) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)  // sm_90a only: the selector never plans it elsewhere
+  logits_gemv_staged<BITS, T, C, 1, NS, GS, ASYM, false, 1, NW, 4, true>(a);
 #endif
-    logits_gemv_staged<BITS, T, C, RT, NS, GS, ASYM, TOPK, CH, NW, NT, WG>(a);
 }
 
 }  // namespace qhead::cuda_detail

@@ -163,8 +163,11 @@ template <int BITS, class T, class Cfg>
 constexpr auto staged_kernel() {
   // Two accumulator chains per group for one column tile; with more, the
   // tiles' MMAs are the independent chains.
-  return logits_gemv_staged_kernel<BITS, T, Cfg::C, kStagedRowTiles, Cfg::NS, Cfg::GS, Cfg::ASYM, Cfg::TOPK,
-                                   Cfg::NT == 1 ? kStagedChains : 1, Cfg::NW, Cfg::NT, Cfg::WG>;
+  if constexpr (Cfg::WG)
+    return logits_gemv_staged_wg_kernel<BITS, T, Cfg::C, Cfg::NS, Cfg::GS, Cfg::ASYM, Cfg::NW>;
+  else
+    return logits_gemv_staged_kernel<BITS, T, Cfg::C, kStagedRowTiles, Cfg::NS, Cfg::GS, Cfg::ASYM, Cfg::TOPK,
+                                     Cfg::NT == 1 ? kStagedChains : 1, Cfg::NW, Cfg::NT>;
 }
 
 inline int smem_optin() {
