@@ -253,7 +253,6 @@ __device__ __forceinline__ void logits_gemv_staged(const LogitsArgs& a) {
       zoff[r][h] = 8388608.0f + float(1 << (BITS - 1));
     }
 
-
   for (int q0 = 0; q0 < total; q0 += NS) {
 #pragma unroll
     for (int d = 0; d < NS; ++d) {

@@ -37,7 +37,8 @@ constexpr int kPoolsMaxM = 8;
 // an SM. It needs <= 128 registers where the per-warp mma.sync form needs
 // 142-148, so it runs 16 warps per SM instead of 8: 151936x1024 M = 17-32
 // w4g64 56.9-58.2 -> 53.2-54.8 us, w4g128 51.6-54.0 -> 50.4-51.8, top-k by
-// tile select 75.4-82.1 -> 66.9-71.4 (one binary, two runs). At one CTA per
+// tile select 75.4-82.1 -> 66.9-71.4 (one binary, two runs; in another call
+// w4g128 gained nothing, w4g64 1-3 us, the top-k 5-10 us). At one CTA per
 // SM it lost (262144x2560 w4g128 M = 17 176.1 -> 180.7, w8g128 198.7 ->
 // 262.7); 8-bit rows gained only in the top-k (w8g128 f16 logits +-1.5 us,
 // bf16 +5 us against the 16-warp form), so they keep the mma.sync form unless
