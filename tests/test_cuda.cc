@@ -140,6 +140,14 @@ void check_logits_ov(const LogitsCase& c, Backend backend, const std::optional<c
   EXPECT_EQ(bad, 0);
 }
 
+// The plan kFused would run for case c under `ov`, without running it (a
+// one-row table of the case's scheme: the plan depends on the shape, not the values).
+cuda_plan::LogitsPlan planned(const LogitsCase& c, const cuda_plan::LogitsOverrides& ov) {
+  const Table probe = cuda::to_device(Table::packed(random_packed(1, c.H, scheme_of(c), 1)));
+  const Tensor xp = cuda::empty(c.act, {c.M, c.H});
+  return cuda_ops::plan_logits(probe, xp.view(), Backend::kFused, ov);
+}
+
 // With `force`, the logits kernel it names runs, and the plan that ran must name it.
 void check_logits(const LogitsCase& c, Backend backend, std::optional<cuda_plan::LogitsKernel> force = std::nullopt) {
   if (!force) return check_logits_ov(c, backend, std::nullopt, {}, "");
@@ -202,12 +210,10 @@ TEST(Cuda, LogitsEveryKernelAtEveryM) {
     const std::vector<LogitsCase> cases = every_m_cases(mode++ % 4);
     int ran = 0;
     for (const LogitsCase& c : cases) {
-      // Which kernel the forced plan names for this case (without running it).
-      const Table probe = cuda::to_device(Table::packed(random_packed(1, c.H, scheme_of(c), 1)));
-      const Tensor xp = cuda::empty(c.act, {c.M, c.H});
+      // Which kernel the forced plan names for this case.
       cuda_plan::LogitsOverrides ov;
       ov.kernel = k;
-      if (cuda_ops::plan_logits(probe, xp.view(), Backend::kFused, ov).kernel != k) continue;
+      if (planned(c, ov).kernel != k) continue;
       check_logits(c, Backend::kFused, k);
       ++ran;
     }
@@ -282,9 +288,10 @@ TEST(Cuda, LogitsStagedTwoStages) {
   }
 }
 
-// The staged GEMV's two forms at two and four column tiles (M = 9-32),
-// each forced: the warpgroup form (sm_90, 128-byte stages: four warps' row
-// tiles by one wgmma per k-block) and the per-warp mma.sync form. Tile
+// The staged GEMV's two forms, each forced, at M = 9-32: the warpgroup form
+// (sm_90, four column tiles of 128-byte stages: four warps' row tiles by one
+// wgmma per k-block; at two column tiles, M <= 16, it must not be taken)
+// and the per-warp mma.sync form. Tile
 // counts that are not whole warpgroups (V = 1, 3, 1001, 50257, 49152 + 64),
 // every group layout (32, 64, 128, per row; zero points), both activation
 // types, H = 640 / 2560 / 4096 and the 2-stage shapes; each plan must name
@@ -311,10 +318,7 @@ TEST(Cuda, LogitsStagedWarpgroupForm) {
       cuda_plan::LogitsOverrides ov;
       ov.staged_wgmma = form;
       // Cases the staged GEMV does not take (a scale block past its limit) are not its.
-      const Table probe = cuda::to_device(Table::packed(random_packed(1, c.H, scheme_of(c), 1)));
-      const Tensor xp = cuda::empty(c.act, {c.M, c.H});
-      if (cuda_ops::plan_logits(probe, xp.view(), Backend::kFused, ov).kernel != cuda_plan::LogitsKernel::kGemvStaged)
-        continue;
+      if (planned(c, ov).kernel != cuda_plan::LogitsKernel::kGemvStaged) continue;
       ++ran;
       check_logits_ov(
           c, Backend::kFused, ov,

@@ -105,8 +105,9 @@ struct LogitsOverrides {
   // (selection levels, tile select, sampling) launched as programmatic
   // dependents of it (cuda/pdl.cuh); sm_90 and later only.
   std::optional<bool> dependent_launch;
-  // The staged GEMV's warpgroup form (LogitsPlan::wgmma) where it can run: two or four column
-  // tiles on sm_90.
+  // The staged GEMV's warpgroup form (LogitsPlan::wgmma): true, wherever it can run (four column
+  // tiles of 128-byte stages on sm_90, its shared memory fitting); false, never. Unset: 4-bit
+  // rows where two of its CTAs fit an SM.
   std::optional<bool> staged_wgmma;
 
   // From the environment (documented in docs/architecture.md#kernel-plan):
@@ -139,10 +140,12 @@ struct LogitsPlan {
   int stage_bytes = 0;       // staged GEMV, GEMMs: code bytes per row per stage (C)
   int group_segs = 0;        // staged GEMV, GEMMs: 16-byte segments per group (1, 2, 4); 0: a group spans stages
   int stages_per_group = 1;  // group_segs == 0: stages per group
-  bool x_prebuilt = false;   // staged GEMV: the activations built once per call (staged_x_kernel)
-  // Staged GEMV (sm_90a, two or four column tiles): each warpgroup's four row tiles multiply the
-  // activations by one wgmma per k-block, B read from shared memory by the tensor cores (the
-  // activations in the wgmma B layout, built once per call), instead of an mma.sync per column tile.
+  bool x_prebuilt = false;   // staged GEMV: the activations built once per call (staged_x_kernel,
+                             // permute_x_wg_kernel for wgmma), not by each CTA
+  // Staged GEMV (sm_90a, four column tiles, 8 warps): each warpgroup's four row tiles multiply
+  // the activations by one wgmma per k-block, B read from shared memory by the tensor cores (the
+  // activations in the wgmma B layout: x_prebuilt as for the other form), instead of an mma.sync
+  // per column tile (logits_gemv_staged_wg_kernel).
   bool wgmma = false;
   int smem_bytes = 0;        // staged GEMV: dynamic shared memory per CTA
   // kTopkPools: pools for pool_cols columns of pool_cap entries, grid CTAs.
