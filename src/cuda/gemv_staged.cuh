@@ -218,15 +218,18 @@ __device__ __forceinline__ void logits_gemv_staged(const LogitsArgs& a) {
   // ---- the compute side ------------------------------------------------------------------
   // ldmatrix row address of this lane: matrix (lane / 8) = (rows 0-7 | 8-15) × (segment 2s | 2s+1).
   const uint32_t lane_off = uint32_t(((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 16);
-  // Lane's B fragments of k-blocks 0 and 1; lanes of columns >= M read the zero block and never move.
-  // Activation tile n (columns 8n..8n+7) of this lane: column g + 8n.
+  // The mma.sync form's B fragments: this lane's of k-blocks 0 and 1; lanes of columns >= M read
+  // the zero block and never move. Activation tile n (columns 8n..8n+7) of this lane: column g + 8n.
+  // (The warpgroup form's wgmmas read B from shared memory through descriptors.)
   const unsigned char* bp0[NT];
   int bstep[NT];  // bytes per stage
+  if constexpr (!WG) {
 #pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    const bool has_b = g + 8 * n < a.M;
-    bp0[n] = bsm + (has_b ? (g + 8 * n) * staged_col_bytes(a.H) : a.M * staged_col_bytes(a.H)) + t * 16;
-    bstep[n] = has_b ? SPS * KBS * 32 : 0;
+    for (int n = 0; n < NT; ++n) {
+      const bool has_b = g + 8 * n < a.M;
+      bp0[n] = bsm + (has_b ? (g + 8 * n) * staged_col_bytes(a.H) : a.M * staged_col_bytes(a.H)) + t * 16;
+      bstep[n] = has_b ? SPS * KBS * 32 : 0;
+    }
   }
   float acc[RT][NT][4], cacc[RT][NT][4], cacc2[RT][NT][4];
   auto zero = [](float (&v)[RT][NT][4]) {
@@ -240,8 +243,10 @@ __device__ __forceinline__ void logits_gemv_staged(const LogitsArgs& a) {
   int cst = 0, cb = 0;  // its stage, its scale buffer
   int cgs = 0, cgrp = 0;  // GS == 0: stage in group, group
   const unsigned char* bp[NT];
+  if constexpr (!WG) {
 #pragma unroll
-  for (int n = 0; n < NT; ++n) bp[n] = bp0[n];
+    for (int n = 0; n < NT; ++n) bp[n] = bp0[n];
+  }
   uint32_t bias[RT][2], bias16[RT][2];
   float zoff[RT][2];
 #pragma unroll
@@ -268,10 +273,6 @@ __device__ __forceinline__ void logits_gemv_staged(const LogitsArgs& a) {
         for (int sp = 0; sp < SPS / 2; ++sp)
           ldmatrix_x4(code_s + d * STAGE + r * 16 * P + sp * 32 + lane_off, w[r][2 * sp][0], w[r][2 * sp][1],
                       w[r][2 * sp + 1][0], w[r][2 * sp + 1][1]);
-      // B fragments are loaded where they are used, one 16-byte load per column
-      // tile for two k-blocks (Bq): loading a whole stage's up front held
-      // NT·SPS·KBS·2 registers (128 at NT = 4, 4-bit).
-      uint4 Bq[NT];
       const unsigned char* sbuf = sbuf0 + cb * sblk;
       const uint32_t* zbuf = reinterpret_cast<const uint32_t*>(zbuf0 + cb * zblk);
       // GS > 0: the scales of the stage's GPS groups for this lane's rows, read
@@ -357,6 +358,10 @@ __device__ __forceinline__ void logits_gemv_staged(const LogitsArgs& a) {
           if (gend) fold_group<NT>(acc[0], cacc[0], group_scale(0, 0, b0 / GS1, grp), group_scale(0, 1, b0 / GS1, grp));
         }
       } else {
+        // B fragments are loaded where they are used, one 16-byte load per column
+        // tile for two k-blocks (Bq): loading a whole stage's up front held
+        // NT·SPS·KBS·2 registers (128 at NT = 4, 4-bit).
+        uint4 Bq[NT];
 #pragma unroll
         for (int sg = 0; sg < SPS; ++sg) {
           const bool gstart = GS > 0 ? (sg % GS1 == 0) : (sg == 0 && cgs == 0);
@@ -404,8 +409,10 @@ __device__ __forceinline__ void logits_gemv_staged(const LogitsArgs& a) {
         }
       }
       __syncwarp();  // every lane is done with slot d before a later issue() refills it
+      if constexpr (!WG) {
 #pragma unroll
-      for (int n = 0; n < NT; ++n) bp[n] += bstep[n];
+        for (int n = 0; n < NT; ++n) bp[n] += bstep[n];
+      }
       if constexpr (GS == 0) {
         if (++cgs == a.st_spg) { cgs = 0; ++cgrp; }
       }
@@ -422,8 +429,10 @@ __device__ __forceinline__ void logits_gemv_staged(const LogitsArgs& a) {
         cgs = 0;
         cgrp = 0;
         ct += nwarps;
+        if constexpr (!WG) {
 #pragma unroll
-        for (int n = 0; n < NT; ++n) bp[n] = bp0[n];
+          for (int n = 0; n < NT; ++n) bp[n] = bp0[n];
+        }
       }
     }
   }

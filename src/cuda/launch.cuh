@@ -205,17 +205,18 @@ void launch_staged(const LogitsArgs& args, const LogitsPlan& p, cudaStream_t s) 
       }
       grid = std::min<int64_t>(want, int64_t(sm_count()) * occ);
     }
-    if (Cfg::WG && p.x_prebuilt) {  // the wgmma B layout of one 8·NT-column tile, copied flat by each CTA
-      const int64_t nunits = int64_t(a.H / 16) * (8 * Cfg::NT) * 2;
-      permute_x_wg_kernel<BITS, T><<<unsigned((nunits + 255) / 256), 256, 0, s>>>(
-          static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, 8 * Cfg::NT, 8 * Cfg::NT, a.H);
-      QHEAD_CUDA_CHECK_LAUNCH("permute_x_wg_kernel");
-      a.x_stage = a.x_frag;
-    } else if (!Cfg::WG && p.x_prebuilt) {
-      const int n = a.M * a.H / 4 + staged_zero_bytes(BITS, Cfg::C) / 16;
-      staged_x_kernel<BITS, T, Cfg::C><<<unsigned((n + 255) / 256), 256, 0, s>>>(
-          static_cast<const T*>(a.x), a.M, a.H, static_cast<unsigned char*>(a.x_frag));
-      QHEAD_CUDA_CHECK_LAUNCH("staged_x_kernel");
+    if (p.x_prebuilt) {  // the activations built once per call, in the layout the form reads
+      if constexpr (Cfg::WG) {  // the wgmma B layout of one 8·NT-column tile, copied flat by each CTA
+        const int64_t nunits = int64_t(a.H / 16) * (8 * Cfg::NT) * 2;
+        permute_x_wg_kernel<BITS, T><<<unsigned((nunits + 255) / 256), 256, 0, s>>>(
+            static_cast<const T*>(a.x), static_cast<T*>(a.x_frag), a.M, 8 * Cfg::NT, 8 * Cfg::NT, a.H);
+        QHEAD_CUDA_CHECK_LAUNCH("permute_x_wg_kernel");
+      } else {
+        const int n = a.M * a.H / 4 + staged_zero_bytes(BITS, Cfg::C) / 16;
+        staged_x_kernel<BITS, T, Cfg::C><<<unsigned((n + 255) / 256), 256, 0, s>>>(
+            static_cast<const T*>(a.x), a.M, a.H, static_cast<unsigned char*>(a.x_frag));
+        QHEAD_CUDA_CHECK_LAUNCH("staged_x_kernel");
+      }
       a.x_stage = a.x_frag;
     }
     kernel<<<dim3(1u, unsigned(grid)), Cfg::NW * 32, p.smem_bytes, s>>>(a);
