@@ -245,9 +245,11 @@ bool packed_args(const Table& t, PackedArgs& a) {
 // The activations as f32, laid out as the kernel reads them (kernels.h,
 // logits_block): per block of mb = m_block(M - m0) rows, [H / ce][mb][ce]
 // panels; for 4-bit tables each chunk of ce elements is permuted to the
-// nibble order the kernel produces (the even elements, then the odd ones).
+// nibble order the kernel produces (the even elements, then the odd ones),
+// or, for the blocks plane4_layout() names, to plane order (KernelTable::plane4).
 // The weights are used as stored; the activations move instead (once per call).
-std::vector<float> prepare_x(const TensorView& x, int bits, const KernelTable& k) {
+std::vector<float> prepare_x(const TensorView& x, const PackedArgs& a, const KernelTable& k) {
+  const int bits = a.bits;
   const int64_t m = x.size(0), h = x.size(1);
   std::vector<float> xf(static_cast<size_t>(m * h));
   convert(x.data, x.dtype, xf.data(), DType::kF32, m * h);
@@ -257,6 +259,15 @@ std::vector<float> prepare_x(const TensorView& x, int bits, const KernelTable& k
   for (int64_t m0 = 0; m0 < m;) {
     const int64_t mb = m_block(m - m0);
     float* panel = xp.data() + m0 * h;
+    if (plane4_layout(bits, mb, a.group_len, k.plane4)) {
+      const int64_t pc = k.plane4, lanes = pc / 8;
+      const float* src = xf.data() + m0 * h;
+      for (int64_t c = 0; c < h / pc; ++c)
+        for (int64_t j = 0; j < 8; ++j)
+          for (int64_t l = 0; l < lanes; ++l) panel[c * pc + j * lanes + l] = src[c * pc + 8 * l + j];
+      m0 += mb;
+      continue;
+    }
     for (int64_t c = 0; c < h / ce; ++c)
       for (int64_t i = 0; i < mb; ++i) {
         const float* src = xf.data() + (m0 + i) * h + c * ce;
@@ -374,7 +385,7 @@ struct PreparedX {
     if (int8)
       i8 = prepare_x_int8(x, a, *kt);
     else
-      xp = prepare_x(x, a.bits, *kt);
+      xp = prepare_x(x, a, *kt);
     scratch_floats = 2 * (kBlockRows * a.groups + kt->lanes);
   }
   void block(const PackedArgs& a, int64_t m, int64_t r0, int64_t r1, float* out, int64_t ldo, float* scratch) const {

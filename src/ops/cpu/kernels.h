@@ -68,6 +68,12 @@ namespace {
 // 2 or 1; cpu_ops.cc lays the activations out in the same blocks (internal
 // linkage: each TU has its own copy, so no ISA-compiled copy is shared).
 constexpr int64_t m_block(int64_t left) { return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
+// Whether a block of mb activation rows of a `bits` table reads its
+// activations in nibble-plane order (KernelTable::plane4): single rows of a
+// 4-bit table whose groups are whole plane chunks.
+constexpr bool plane4_layout(int bits, int64_t mb, int64_t group_len, int plane4) {
+  return bits == 4 && mb == 1 && plane4 > 0 && group_len % plane4 == 0;
+}
 }  // namespace
 
 // One activation row's online log-sum-exp in the CPU top-k: Σ_i exp(l_i − mx)
@@ -95,6 +101,12 @@ struct KernelTable {
   int chunk4, chunk8;
   // The same for the int8 mode (8·lanes and 4·lanes: one vector of packed bytes).
   int chunk4_int8, chunk8_int8;
+  // 4-bit single activation rows (m_block 1) with plane4_layout(): the
+  // kernel takes plane4 = 8·lanes elements (one vector of packed bytes) at a
+  // time and reads the activations as [H / plane4][8][lanes], element
+  // plane4·c + 8·l + j at [c][j][l] (the order of the nibbles in the packed
+  // dwords). 0: this ISA has no such kernel.
+  int plane4;
 
   // out[m * ldo + (r - r0)] = Σ_j x[m, j] · w[r, j] for r in [r0, r1), m in
   // [0, M). r1 - r0 <= kBlockRows. xp: the activations as f32 in panels
@@ -102,7 +114,8 @@ struct KernelTable {
   // starting at m0, at xp + m0·H, [H / CE chunks][mb][CE] — so the kernel
   // reads one chunk of every activation row of the block from one base
   // pointer; for 4-bit tables each chunk's CE elements are in nibble order
-  // (even elements, then odd). scratch: at least
+  // (even elements, then odd), or, for a block that plane4_layout() names, in
+  // plane order (plane4 above). scratch: at least
   // 2 * kBlockRows * G floats. Each (r, m) result depends only on the ISA, not
   // on the block split or the thread that computes it.
   void (*logits_block)(const PackedArgs& a, const float* xp, int64_t m, int64_t r0, int64_t r1,

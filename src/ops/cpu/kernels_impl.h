@@ -12,10 +12,10 @@
 // exact in f32, then ONE rounding of the product by the f32 scale), so the
 // kernel's operands are the reference's and the only difference is the
 // summation order: the f32 bound γ_H Σ|x·w| of the tests holds for any order.
-// One exception, 8-bit with M = 1 (micro_w8_m1): there the scale is applied
-// once per group, Σ_g s_g · Σ_j float(q_j - z_g) · x_j, because the
-// per-weight multiply made that kernel compute-bound below the memory
-// bandwidth on a one-FMA-port core. The operands are still exact integers
+// Two exceptions, 8-bit with M = 1 (micro_w8_m1) and the AVX2 4-bit M = 1
+// nibble-plane form (micro_w4_m1_planes): there the scale is applied once
+// per group, Σ_g s_g · Σ_j float(q_j - z_g) · x_j, because the per-weight
+// multiply made those kernels compute-bound below the memory bandwidth. The operands are still exact integers
 // times x; the extra roundings (one per group, plus, for F32 scales, the
 // reference's own rounding of (q - z)·s, ≤ u·|w|) stay far inside γ_H.
 // (The "Σ c·x over UNSIGNED stored codes, minus offset·Σx" trick is NOT
@@ -33,7 +33,9 @@
 //     once per call, instead of reordering the weights (docs/architecture.md,
 //     Decisions: the checkpoint's packed bytes are used as they are).
 //   AVX2, 4-bit: 8 bytes → 16 codes, mask/shift, subtract zc, convert,
-//     multiply by s (vpermps has only 8 entries at 256 bits).
+//     multiply by s (vpermps has only 8 entries at 256 bits); at M = 1 with
+//     groups of whole 64-element chunks, the nibble-plane form instead
+//     (micro_w4_m1_planes: and, or, subtract, FMA per 8 weights).
 //   8-bit: widen, subtract zc, convert, multiply.
 //
 // Blocking: a call handles up to kBlockRows vocab rows. For each block of MB
@@ -398,6 +400,113 @@ inline void micro_w8_m1(const uint8_t* const* rows, const float* sc, const float
   QHEAD_UNROLL for (int r = 0; r < RT; ++r) res[r] = vsum(acc[r]);
 }
 
+#if defined(QHEAD_ISA_AVX2)
+// M = 1, 4-bit, AVX2, groups of whole 64-element chunks: the nibble-plane
+// form. A chunk is 32 packed bytes, 8 dwords; dword l holds elements 8l ..
+// 8l+7 of the chunk, element 8l + j in nibble j. Nibble j' of a dword (j' =
+// j for j < 4, j - 4 of the dword shifted right by 16) is put into the
+// mantissa of 2^(23 - 4j') by an and and an or: that float is exactly
+// 2^(23-4j') + c (a mantissa unit is worth 2^-4j' there and the nibble sits
+// 4j' bits up), and subtracting 2^(23-4j') + zc leaves c - zc exactly.
+// These exact integers times x are summed per group in f32 lanes and scaled
+// once, as micro_w8_m1 does: 4 vector instructions per 8 weights where the
+// shift / convert / subtract / multiply form needs 5.5 (docs/tuning-notes.md,
+// "The AVX2 nibble-plane form"). The activations come in plane order
+// (KernelTable::plane4; cpu_ops.cc prepare_x). At 512 bits the form gained
+// nothing on Zen 4, so the AVX-512 path keeps its table form.
+constexpr int kPlane4 = 8 * W;
+// Per nibble position j' = 0..3: its mask and the bits of 2^(23 - 4j'), read
+// from memory (GCC otherwise rebuilt them per group for want of registers).
+alignas(32) constexpr uint32_t kPlaneMask[4][W] = {
+    {0xFu, 0xFu, 0xFu, 0xFu, 0xFu, 0xFu, 0xFu, 0xFu},
+    {0xF0u, 0xF0u, 0xF0u, 0xF0u, 0xF0u, 0xF0u, 0xF0u, 0xF0u},
+    {0xF00u, 0xF00u, 0xF00u, 0xF00u, 0xF00u, 0xF00u, 0xF00u, 0xF00u},
+    {0xF000u, 0xF000u, 0xF000u, 0xF000u, 0xF000u, 0xF000u, 0xF000u, 0xF000u}};
+alignas(32) constexpr uint32_t kPlaneExp[4][W] = {
+    {150u << 23, 150u << 23, 150u << 23, 150u << 23, 150u << 23, 150u << 23, 150u << 23, 150u << 23},
+    {146u << 23, 146u << 23, 146u << 23, 146u << 23, 146u << 23, 146u << 23, 146u << 23, 146u << 23},
+    {142u << 23, 142u << 23, 142u << 23, 142u << 23, 142u << 23, 142u << 23, 142u << 23, 142u << 23},
+    {138u << 23, 138u << 23, 138u << 23, 138u << 23, 138u << 23, 138u << 23, 138u << 23, 138u << 23}};
+template <int RT, int CH, bool SYM>
+inline void micro_w4_m1_planes(const uint8_t* const* rows, const float* sc, const float* zc, int64_t g_cols,
+                               int64_t gl, const float* xp, float* res, const uint8_t* pf) {
+  constexpr int64_t BYTES = kPlane4 / 2;
+  VF acc[RT];
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r) acc[r] = vzero();
+  const int64_t chunks = gl / kPlane4;
+  const uint8_t* p = rows[0];
+  int64_t off[RT];
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r) off[r] = rows[r] - rows[0];
+  const float* x = xp;
+  for (int64_t g = 0; g < g_cols; ++g, p += chunks * BYTES, x += chunks * kPlane4) {
+    float z[RT];  // the zero-point code: 2^(23 - 4j') + z leaves c - zc
+    VF ag[RT][2];
+    QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
+      z[r] = SYM ? 8.0f : zc[r * g_cols + g];
+      ag[r][0] = ag[r][1] = vzero();
+    }
+    for_chunks<CH>(chunks, [&](int64_t c) {
+      if (pf) {  // a chunk of the RT rows is RT·32 bytes: one prefetch per 64 of them
+        const uint8_t* q = pf + ((p - rows[0]) + c * BYTES) * RT;
+        QHEAD_UNROLL for (int o = 0; o < RT * BYTES; o += 64) _mm_prefetch(reinterpret_cast<const char*>(q + o), _MM_HINT_T0);
+      }
+      const float* xc = x + c * kPlane4;
+      QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
+        const VI d0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off[r] + c * BYTES));
+        const VI d1 = _mm256_srli_epi32(d0, 16);
+        QHEAD_UNROLL for (int j = 0; j < 8; ++j) {
+          const int jj = j & 3;
+          const VI t = _mm256_or_si256(
+              _mm256_and_si256(j < 4 ? d0 : d1, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPlaneMask[jj]))),
+              _mm256_load_si256(reinterpret_cast<const __m256i*>(kPlaneExp[jj])));
+          const VF f = vsub(_mm256_castsi256_ps(t), vset(static_cast<float>(1 << (23 - 4 * jj)) + z[r]));
+          ag[r][j & 1] = vfma(f, vload(xc + j * W), ag[r][j & 1]);
+        }
+      }
+    });
+    QHEAD_UNROLL for (int r = 0; r < RT; ++r) acc[r] = vfma(vadd(ag[r][0], ag[r][1]), vset(sc[r * g_cols + g]), acc[r]);
+  }
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r) res[r] = vsum(acc[r]);
+}
+
+// Rows [0, n) of the block (first row r0), one activation row, in the plane form.
+template <int CH, bool SYM>
+void rows_w4_m1_planes_t(const PackedArgs& a, const float* xp, int64_t m0, int64_t r0, int64_t n, const float* sc,
+                         const float* zc, float* out, int64_t ldo) {
+  constexpr int RT = 4;  // the AVX2 M = 1 row tile (kRowTile<1>)
+  const int64_t g_cols = a.groups;
+  const float* x = xp + m0 * a.hidden;
+  const int64_t pf = m0 == 0 ? a.prefetch_bytes : 0;
+  float res[RT];
+  int64_t i = 0;
+  for (; i + RT <= n; i += RT) {
+    const uint8_t* rows[RT];
+    for (int r = 0; r < RT; ++r) rows[r] = a.packed + (r0 + i + r) * a.row_bytes;
+    micro_w4_m1_planes<RT, CH, SYM>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, res,
+                                pf ? rows[0] + pf : nullptr);
+    for (int r = 0; r < RT; ++r) out[m0 * ldo + i + r] = res[r];
+  }
+  for (; i < n; ++i) {
+    const uint8_t* rows[1] = {a.packed + (r0 + i) * a.row_bytes};
+    micro_w4_m1_planes<1, CH, SYM>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, res,
+                               pf ? rows[0] + pf : nullptr);
+    out[m0 * ldo + i] = res[0];
+  }
+}
+// The chunk loop unrolled for 1 or 2 chunks per group (g64, g128).
+template <bool SYM>
+void rows_w4_m1_planes(const PackedArgs& a, const float* xp, int64_t m0, int64_t r0, int64_t n, const float* sc,
+                       const float* zc, float* out, int64_t ldo) {
+  switch (a.group_len / kPlane4) {
+    case 1: rows_w4_m1_planes_t<1, SYM>(a, xp, m0, r0, n, sc, zc, out, ldo); return;
+    case 2: rows_w4_m1_planes_t<2, SYM>(a, xp, m0, r0, n, sc, zc, out, ldo); return;
+    default: rows_w4_m1_planes_t<0, SYM>(a, xp, m0, r0, n, sc, zc, out, ldo); return;
+  }
+}
+#else
+constexpr int kPlane4 = 0;
+#endif
+
 template <class D, int RT, int MB, int CH, bool SYM>
 inline void micro_dispatch(const uint8_t* const* rows, const float* sc, const float* zc, int64_t g_cols,
                            int64_t gl, const float* xp, float* res, const uint8_t* pf) {
@@ -443,8 +552,17 @@ template <class D, int MB>
 void rows_for_mblock(const PackedArgs& a, const float* xp, int64_t m0, int64_t r0, int64_t n, const float* sc,
                      const float* zc, float* out, int64_t ldo) {
   if constexpr (MB == 1) {
-    const int64_t ch = a.group_len / D::CE;
     const bool sym = a.zero_point == nullptr;
+#if defined(QHEAD_ISA_AVX2)
+    if (plane4_layout(kBits<D>, 1, a.group_len, kPlane4)) {
+      if (sym)
+        rows_w4_m1_planes<true>(a, xp, m0, r0, n, sc, zc, out, ldo);
+      else
+        rows_w4_m1_planes<false>(a, xp, m0, r0, n, sc, zc, out, ldo);
+      return;
+    }
+#endif
+    const int64_t ch = a.group_len / D::CE;
 #define QHEAD_CASE(C)                                                                  \
   case C:                                                                              \
     if (sym)                                                                           \
@@ -894,7 +1012,7 @@ constexpr auto* kLogitsInt8 = static_cast<decltype(KernelTable::logits_block_int
 #endif
 
 const KernelTable kTable = {
-    QHEAD_ISA_NAME, Deq4::CE, Deq8::CE, 8 * W, 4 * W, &logits_block, kLogitsInt8, kInt8Vnni,
+    QHEAD_ISA_NAME, Deq4::CE, Deq8::CE, 8 * W, 4 * W, kPlane4, &logits_block, kLogitsInt8, kInt8Vnni,
     &int8_madd::logits_block_int8, &gumbel_noise,
     &dequant_row, &topk_block, &dot_dense, &fma_burn, &read_sum, W,
 };
