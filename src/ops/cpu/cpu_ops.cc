@@ -243,7 +243,7 @@ bool packed_args(const Table& t, PackedArgs& a) {
 }
 
 // The activations as f32, laid out as the kernel reads them (kernels.h,
-// logits_block): per block of mb = m_block(M - m0) rows, [H / ce][mb][ce]
+// logits_block): per block of mb = m_block(M - m0, k.mb_max) rows, [H / ce][mb][ce]
 // panels; for 4-bit tables each chunk of ce elements is permuted to the
 // nibble order the kernel produces (the even elements, then the odd ones),
 // or, for the blocks plane4_layout() names, to plane order (KernelTable::plane4).
@@ -257,7 +257,7 @@ std::vector<float> prepare_x(const TensorView& x, const PackedArgs& a, const Ker
   const int64_t ce = bits == 4 ? k.chunk4 : k.chunk8;
   const int64_t half = ce / 2;
   for (int64_t m0 = 0; m0 < m;) {
-    const int64_t mb = m_block(m - m0);
+    const int64_t mb = m_block(m - m0, k.mb_max);
     float* panel = xp.data() + m0 * h;
     if (plane4_layout(bits, mb, a.group_len, k.plane4)) {
       const int64_t pc = k.plane4, lanes = pc / 8;

@@ -64,10 +64,13 @@ struct Int8X {
 constexpr int64_t kBlockRows = 64;
 
 namespace {
-// The activation rows are processed in blocks of m_block(rows left) = 8, 4,
-// 2 or 1; cpu_ops.cc lays the activations out in the same blocks (internal
-// linkage: each TU has its own copy, so no ISA-compiled copy is shared).
-constexpr int64_t m_block(int64_t left) { return left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1; }
+// The activation rows are processed in blocks of m_block(rows left, largest)
+// = 8 (where largest allows), 4, 2 or 1; cpu_ops.cc lays the activations out
+// in the same blocks (internal linkage: each TU has its own copy, so no
+// ISA-compiled copy is shared).
+constexpr int64_t m_block(int64_t left, int64_t largest = 8) {
+  return left >= 8 && largest >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
+}
 // Whether a block of mb activation rows of a `bits` table reads its
 // activations in nibble-plane order (KernelTable::plane4): single rows of a
 // 4-bit table whose groups are whole plane chunks.
@@ -107,10 +110,14 @@ struct KernelTable {
   // plane4·c + 8·l + j at [c][j][l] (the order of the nibbles in the packed
   // dwords). 0: this ISA has no such kernel.
   int plane4;
+  // The largest activation block of the exact kernels (m_block's `largest`):
+  // 8 on AVX-512; 4 on AVX2, whose 16 registers hold a 2-row × 4-column tile
+  // but only a 1-row × 8-column one.
+  int mb_max;
 
   // out[m * ldo + (r - r0)] = Σ_j x[m, j] · w[r, j] for r in [r0, r1), m in
   // [0, M). r1 - r0 <= kBlockRows. xp: the activations as f32 in panels
-  // (see cpu_ops.cc prepare_x): for each block of mb = m_block(M - m0) rows
+  // (see cpu_ops.cc prepare_x): for each block of mb = m_block(M - m0, mb_max) rows
   // starting at m0, at xp + m0·H, [H / CE chunks][mb][CE] — so the kernel
   // reads one chunk of every activation row of the block from one base
   // pointer; for 4-bit tables each chunk's CE elements are in nibble order
