@@ -15,9 +15,10 @@
 // Two exceptions, 8-bit with M = 1 (micro_w8_m1) and the AVX2 4-bit M = 1
 // nibble-plane form (micro_w4_m1_planes): there the scale is applied once
 // per group, Σ_g s_g · Σ_j float(q_j - z_g) · x_j, because the per-weight
-// multiply made those kernels compute-bound below the memory bandwidth. The operands are still exact integers
-// times x; the extra roundings (one per group, plus, for F32 scales, the
-// reference's own rounding of (q - z)·s, ≤ u·|w|) stay far inside γ_H.
+// multiply made those kernels compute-bound below the memory bandwidth. The
+// operands are still exact integers times x; the extra roundings (one per
+// group, plus, for F32 scales, the reference's own rounding of (q - z)·s,
+// ≤ u·|w|) stay far inside γ_H.
 // (The "Σ c·x over UNSIGNED stored codes, minus offset·Σx" trick is NOT
 // used anywhere: it cancels catastrophically.)
 //
