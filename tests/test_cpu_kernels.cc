@@ -127,7 +127,7 @@ TEST(CpuKernels, ReportsIsas) {
 
 // The full cross product on small, awkward shapes.
 TEST(CpuKernels, LogitsSweepSmallShapes) {
-  const std::vector<Case> cases = {{1, 64, 1}, {3, 576, 3}, {67, 64, 17}, {3, 64, 256}, {5, 256, 1}};
+  const std::vector<Case> cases = {{1, 64, 1}, {3, 576, 3}, {67, 64, 17}, {3, 64, 256}, {5, 256, 1}, {5, 256, 4}, {7, 512, 6}};
   const DType scale_dtypes[] = {DType::kF16, DType::kBF16, DType::kF32};
   int n = 0;
   for (CpuIsa isa : fast_isas()) {

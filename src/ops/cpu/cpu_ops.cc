@@ -259,12 +259,15 @@ std::vector<float> prepare_x(const TensorView& x, const PackedArgs& a, const Ker
   for (int64_t m0 = 0; m0 < m;) {
     const int64_t mb = m_block(m - m0, k.mb_max);
     float* panel = xp.data() + m0 * h;
-    if (plane4_layout(bits, mb, a.group_len, k.plane4)) {
+    if (plane4_layout(bits, mb, a.group_len, a.zero_point == nullptr, k.plane4)) {
       const int64_t pc = k.plane4, lanes = pc / 8;
-      const float* src = xf.data() + m0 * h;
       for (int64_t c = 0; c < h / pc; ++c)
-        for (int64_t j = 0; j < 8; ++j)
-          for (int64_t l = 0; l < lanes; ++l) panel[c * pc + j * lanes + l] = src[c * pc + 8 * l + j];
+        for (int64_t i = 0; i < mb; ++i) {
+          const float* src = xf.data() + (m0 + i) * h + c * pc;
+          float* dst = panel + (c * mb + i) * pc;
+          for (int64_t j = 0; j < 8; ++j)
+            for (int64_t l = 0; l < lanes; ++l) dst[j * lanes + l] = src[8 * l + j];
+        }
       m0 += mb;
       continue;
     }

@@ -72,10 +72,11 @@ constexpr int64_t m_block(int64_t left, int64_t largest = 8) {
   return left >= 8 && largest >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
 }
 // Whether a block of mb activation rows of a `bits` table reads its
-// activations in nibble-plane order (KernelTable::plane4): single rows of a
-// 4-bit table whose groups are whole plane chunks.
-constexpr bool plane4_layout(int bits, int64_t mb, int64_t group_len, int plane4) {
-  return bits == 4 && mb == 1 && plane4 > 0 && group_len % plane4 == 0;
+// activations in nibble-plane order (KernelTable::plane4): 4-bit tables
+// whose groups are whole plane chunks, single activation rows, and larger
+// blocks of symmetric tables.
+constexpr bool plane4_layout(int bits, int64_t mb, int64_t group_len, bool sym, int plane4) {
+  return bits == 4 && plane4 > 0 && group_len % plane4 == 0 && (mb == 1 || sym);
 }
 }  // namespace
 
@@ -104,11 +105,11 @@ struct KernelTable {
   int chunk4, chunk8;
   // The same for the int8 mode (8·lanes and 4·lanes: one vector of packed bytes).
   int chunk4_int8, chunk8_int8;
-  // 4-bit single activation rows (m_block 1) with plane4_layout(): the
-  // kernel takes plane4 = 8·lanes elements (one vector of packed bytes) at a
-  // time and reads the activations as [H / plane4][8][lanes], element
-  // plane4·c + 8·l + j at [c][j][l] (the order of the nibbles in the packed
-  // dwords). 0: this ISA has no such kernel.
+  // The 4-bit blocks plane4_layout() names: the kernel takes plane4 =
+  // 8·lanes elements (one vector of packed bytes) at a time and reads each
+  // activation row's chunk as [8][lanes], element plane4·c + 8·l + j at
+  // [j][l] (the order of the nibbles in the packed dwords); the block's
+  // panel is [H / plane4][mb][plane4]. 0: this ISA has no such kernel.
   int plane4;
   // The largest activation block of the exact kernels (m_block's `largest`):
   // 8 on AVX-512; 4 on AVX2, whose 16 registers hold a 2-row × 4-column tile

@@ -12,10 +12,10 @@
 // exact in f32, then ONE rounding of the product by the f32 scale), so the
 // kernel's operands are the reference's and the only difference is the
 // summation order: the f32 bound γ_H Σ|x·w| of the tests holds for any order.
-// Two exceptions, 8-bit with M = 1 (micro_w8_m1) and the AVX2 4-bit M = 1
-// nibble-plane form (micro_w4_m1_planes): there the scale is applied once
-// per group, Σ_g s_g · Σ_j float(q_j - z_g) · x_j, because the per-weight
-// multiply made those kernels compute-bound below the memory bandwidth. The
+// Two exceptions, 8-bit with M = 1 (micro_w8_m1) and the AVX2 4-bit
+// nibble-plane form (micro_w4_m1_planes, micro_w4_planes_sym): there the
+// scale is applied once per group, Σ_g s_g · Σ_j float(q_j - z_g) · x_j,
+// because the per-weight multiply made those kernels compute-bound. The
 // operands are still exact integers times x; the extra roundings (one per
 // group, plus, for F32 scales, the reference's own rounding of (q - z)·s,
 // ≤ u·|w|) stay far inside γ_H.
@@ -34,9 +34,10 @@
 //     once per call, instead of reordering the weights (docs/architecture.md,
 //     Decisions: the checkpoint's packed bytes are used as they are).
 //   AVX2, 4-bit: 8 bytes → 16 codes, mask/shift, subtract zc, convert,
-//     multiply by s (vpermps has only 8 entries at 256 bits); at M = 1 with
-//     groups of whole 64-element chunks, the nibble-plane form instead
-//     (micro_w4_m1_planes: and, or, subtract, FMA per 8 weights).
+//     multiply by s (vpermps has only 8 entries at 256 bits); with groups
+//     of whole 64-element chunks, at M = 1 and for every block of a
+//     symmetric table, the nibble-plane form instead (micro_w4_m1_planes,
+//     micro_w4_planes_sym: and, or, subtract, then the FMAs, per 8 weights).
 //   8-bit: widen, subtract zc, convert, multiply.
 //
 // Blocking: a call handles up to kBlockRows vocab rows. For each block of MB
@@ -52,6 +53,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "ops/cpu/kernels.h"
 
@@ -470,50 +472,95 @@ inline void micro_w4_m1_planes(const uint8_t* const* rows, const float* sc, cons
   QHEAD_UNROLL for (int r = 0; r < RT; ++r) res[r] = vsum(acc[r]);
 }
 
-// Rows [0, n) of the block (first row r0), one activation row, in the plane form.
-template <int CH, bool SYM>
-void rows_w4_m1_planes_t(const PackedArgs& a, const float* xp, int64_t m0, int64_t r0, int64_t n, const float* sc,
-                         const float* zc, float* out, int64_t ldo) {
-  constexpr int RT = 4;  // the AVX2 M = 1 row tile (kRowTile<1>)
-  const int64_t g_cols = a.groups;
-  const float* x = xp + m0 * a.hidden;
-  const int64_t pf = m0 == 0 ? a.prefetch_bytes : 0;
-  float res[RT];
-  int64_t i = 0;
-  for (; i + RT <= n; i += RT) {
-    const uint8_t* rows[RT];
-    for (int r = 0; r < RT; ++r) rows[r] = a.packed + (r0 + i + r) * a.row_bytes;
-    micro_w4_m1_planes<RT, CH, SYM>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, res,
-                                pf ? rows[0] + pf : nullptr);
-    for (int r = 0; r < RT; ++r) out[m0 * ldo + i + r] = res[r];
+// Tag type: rows_for_mblock_t<Planes4, ..> runs the plane form (CE: the
+// elements of one plane chunk, BYTES: its packed bytes).
+struct Planes4 {
+  static constexpr int CE = kPlane4, BYTES = kPlane4 / 2;
+};
+
+// The plane form for MB > 1 activation rows, symmetric tables: RT rows ×
+// MB activation rows per tile. Per chunk and nibble position the plane's
+// constants are loaded once and the RT rows' exact integers c - 8 made,
+// then each activation vector is loaded once for the RT rows. The scaled
+// sums stay in memory (one load and store per group and pair), so that the
+// RT·MB chains, the rows' packed dwords and their integers fit the 16 ymm
+// registers. With zero points the extra subtract per 8 weights made it no
+// faster than the table form (docs/tuning-notes.md), which they keep.
+template <int RT, int MB, int CH>
+inline void micro_w4_planes_sym(const uint8_t* const* rows, const float* sc, int64_t g_cols, int64_t gl,
+                                const float* xp, float* res, const uint8_t* pf) {
+  constexpr int64_t BYTES = Planes4::BYTES;
+  alignas(32) float acc[RT * MB][W] = {};
+  const int64_t chunks = gl / kPlane4;
+  const uint8_t* p = rows[0];
+  int64_t off[RT];
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r) off[r] = rows[r] - rows[0];
+  const float* x = xp;  // the group's activations: [chunks][MB][kPlane4]
+  for (int64_t g = 0; g < g_cols; ++g, p += chunks * BYTES, x += chunks * MB * kPlane4) {
+    VF ag[RT][MB];
+    QHEAD_UNROLL for (int r = 0; r < RT; ++r)
+      QHEAD_UNROLL for (int m = 0; m < MB; ++m) ag[r][m] = vzero();
+    for_chunks<CH>(chunks, [&](int64_t c) {
+      if (pf) {  // a chunk of the RT rows is RT·32 bytes: one prefetch per 64 of them
+        const uint8_t* q = pf + ((p - rows[0]) + c * BYTES) * RT;
+        QHEAD_UNROLL for (int o = 0; o < RT * BYTES; o += 64) _mm_prefetch(reinterpret_cast<const char*>(q + o), _MM_HINT_T0);
+      }
+      const float* xc = x + c * MB * kPlane4;
+      VI d[RT];
+      QHEAD_UNROLL for (int r = 0; r < RT; ++r) d[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + off[r] + c * BYTES));
+      QHEAD_UNROLL for (int j = 0; j < 8; ++j) {
+        const int jj = j & 3;
+        if (j == 4) QHEAD_UNROLL for (int r = 0; r < RT; ++r) d[r] = _mm256_srli_epi32(d[r], 16);
+        const VI mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPlaneMask[jj]));
+        const VI ex = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPlaneExp[jj]));
+        VF f[RT];
+        QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
+          const VF t = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(d[r], mask), ex));
+          f[r] = vsub(t, vset(static_cast<float>(1 << (23 - 4 * jj)) + 8.0f));
+        }
+        QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
+          VF xv = vload(xc + m * kPlane4 + j * W);
+          __asm__("" : "+v"(xv));
+          QHEAD_UNROLL for (int r = 0; r < RT; ++r) ag[r][m] = vfma(f[r], xv, ag[r][m]);
+        }
+      }
+    });
+    QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
+      const VF s = vset(sc[r * g_cols + g]);
+      QHEAD_UNROLL for (int m = 0; m < MB; ++m)
+        vstore(acc[r * MB + m], vfma(ag[r][m], s, vload(acc[r * MB + m])));
+    }
   }
-  for (; i < n; ++i) {
-    const uint8_t* rows[1] = {a.packed + (r0 + i) * a.row_bytes};
-    micro_w4_m1_planes<1, CH, SYM>(rows, sc + i * g_cols, zc + i * g_cols, g_cols, a.group_len, x, res,
-                               pf ? rows[0] + pf : nullptr);
-    out[m0 * ldo + i] = res[0];
-  }
+  QHEAD_UNROLL for (int i = 0; i < RT * MB; ++i) res[i] = vsum(vload(acc[i]));
 }
-// The chunk loop unrolled for 1 or 2 chunks per group (g64, g128).
-template <bool SYM>
-void rows_w4_m1_planes(const PackedArgs& a, const float* xp, int64_t m0, int64_t r0, int64_t n, const float* sc,
-                       const float* zc, float* out, int64_t ldo) {
-  switch (a.group_len / kPlane4) {
-    case 1: rows_w4_m1_planes_t<1, SYM>(a, xp, m0, r0, n, sc, zc, out, ldo); return;
-    case 2: rows_w4_m1_planes_t<2, SYM>(a, xp, m0, r0, n, sc, zc, out, ldo); return;
-    default: rows_w4_m1_planes_t<0, SYM>(a, xp, m0, r0, n, sc, zc, out, ldo); return;
-  }
-}
+
+template <> constexpr int kBits<Planes4> = 4;
 #else
 constexpr int kPlane4 = 0;
+struct Planes4;  // no such kernel on this ISA
+#endif
+
+// The row tile of kernel D for MB activation rows.
+template <class D, int MB> constexpr int kTileRows = kRowTile<MB>;
+#if defined(QHEAD_ISA_AVX2)
+template <int MB> constexpr int kTileRows<Planes4, MB> = MB == 1 ? 4 : 2;
 #endif
 
 template <class D, int RT, int MB, int CH, bool SYM>
 inline void micro_dispatch(const uint8_t* const* rows, const float* sc, const float* zc, int64_t g_cols,
                            int64_t gl, const float* xp, float* res, const uint8_t* pf) {
+#if defined(QHEAD_ISA_AVX2)
+  if constexpr (std::is_same_v<D, Planes4>) {
+    if constexpr (MB == 1)
+      micro_w4_m1_planes<RT, CH, SYM>(rows, sc, zc, g_cols, gl, xp, res, pf);
+    else
+      micro_w4_planes_sym<RT, MB, CH>(rows, sc, g_cols, gl, xp, res, pf);
+    return;
+  }
+#endif
   if constexpr (MB == 1 && kBits<D> == 8)
     micro_w8_m1<RT, CH, SYM>(rows, sc, zc, g_cols, gl, xp, res, pf);
-  else
+  else if constexpr (!std::is_same_v<D, Planes4>)
     micro<D, RT, MB, CH, SYM>(rows, sc, zc, g_cols, gl, xp, res, pf);
 }
 
@@ -521,7 +568,7 @@ inline void micro_dispatch(const uint8_t* const* rows, const float* sc, const fl
 template <class D, int MB, int CH, bool SYM>
 void rows_for_mblock_t(const PackedArgs& a, const float* xp, int64_t m0, int64_t r0, int64_t n,
                        const float* sc, const float* zc, float* out, int64_t ldo) {
-  constexpr int RT = kRowTile<MB>;
+  constexpr int RT = kTileRows<D, MB>;
   const int64_t g_cols = a.groups;
   const float* x = xp + m0 * a.hidden;  // this m-block's panel
   // Only the first m-block's pass reads the block from memory; the later
@@ -545,24 +592,40 @@ void rows_for_mblock_t(const PackedArgs& a, const float* xp, int64_t m0, int64_t
   }
 }
 
+// The specializations for the group's chunk count: 1, 2 or 4 unrolled, else
+// read at run time.
+template <class D, int MB, bool SYM>
+void rows_by_chunks_t(const PackedArgs& a, const float* xp, int64_t m0, int64_t r0, int64_t n, const float* sc,
+                      const float* zc, float* out, int64_t ldo) {
+  switch (a.group_len / D::CE) {
+    case 1: rows_for_mblock_t<D, MB, 1, SYM>(a, xp, m0, r0, n, sc, zc, out, ldo); return;
+    case 2: rows_for_mblock_t<D, MB, 2, SYM>(a, xp, m0, r0, n, sc, zc, out, ldo); return;
+    case 4: rows_for_mblock_t<D, MB, 4, SYM>(a, xp, m0, r0, n, sc, zc, out, ldo); return;
+    default: rows_for_mblock_t<D, MB, 0, SYM>(a, xp, m0, r0, n, sc, zc, out, ldo); return;
+  }
+}
+
 // M = 1 picks the specialization for the group's chunk count and symmetry;
 // larger m-blocks share the per-group work among MB rows and take the
 // generic chunk loop (symmetric or not: a symmetric table's zero codes are
-// never loaded).
+// never loaded). The AVX2 plane form takes the chunk-count specializations
+// at every MB.
 template <class D, int MB>
 void rows_for_mblock(const PackedArgs& a, const float* xp, int64_t m0, int64_t r0, int64_t n, const float* sc,
                      const float* zc, float* out, int64_t ldo) {
-  if constexpr (MB == 1) {
-    const bool sym = a.zero_point == nullptr;
+  const bool sym = a.zero_point == nullptr;
 #if defined(QHEAD_ISA_AVX2)
-    if (plane4_layout(kBits<D>, 1, a.group_len, kPlane4)) {
-      if (sym)
-        rows_w4_m1_planes<true>(a, xp, m0, r0, n, sc, zc, out, ldo);
-      else
-        rows_w4_m1_planes<false>(a, xp, m0, r0, n, sc, zc, out, ldo);
-      return;
-    }
+  if (plane4_layout(kBits<D>, MB, a.group_len, sym, kPlane4)) {
+    if constexpr (MB > 1)  // symmetric only (plane4_layout)
+      rows_by_chunks_t<Planes4, MB, true>(a, xp, m0, r0, n, sc, zc, out, ldo);
+    else if (sym)
+      rows_by_chunks_t<Planes4, 1, true>(a, xp, m0, r0, n, sc, zc, out, ldo);
+    else
+      rows_by_chunks_t<Planes4, 1, false>(a, xp, m0, r0, n, sc, zc, out, ldo);
+    return;
+  }
 #endif
+  if constexpr (MB == 1) {
     const int64_t ch = a.group_len / D::CE;
 #define QHEAD_CASE(C)                                                                  \
   case C:                                                                              \
@@ -582,7 +645,7 @@ void rows_for_mblock(const PackedArgs& a, const float* xp, int64_t m0, int64_t r
       rows_for_mblock_t<D, 1, 0, true>(a, xp, m0, r0, n, sc, zc, out, ldo);
     else
       rows_for_mblock_t<D, 1, 0, false>(a, xp, m0, r0, n, sc, zc, out, ldo);
-  } else if (a.zero_point == nullptr) {
+  } else if (sym) {
     rows_for_mblock_t<D, MB, 0, true>(a, xp, m0, r0, n, sc, zc, out, ldo);
   } else {
     rows_for_mblock_t<D, MB, 0, false>(a, xp, m0, r0, n, sc, zc, out, ldo);
