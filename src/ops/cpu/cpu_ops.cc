@@ -206,6 +206,24 @@ namespace {
 
 int dtype_kind(DType t) { return t == DType::kF32 ? 0 : t == DType::kF16 ? 1 : 2; }
 
+// What the kernels read with full-width vector loads (activation panels, the
+// int8 mode's arrays, scratch) is allocated on 64-byte boundaries: from the
+// allocator's 16-byte alignment, every 64-byte load and every other 32-byte
+// one at an odd 16-byte offset would straddle two cache lines.
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const Aligned64<U>&) const { return true; }
+};
+template <class T>
+using AVec = std::vector<T, Aligned64<T>>;
+
 // The kernels' software-prefetch distance (kernels.h PackedArgs): 4 KiB for
 // 4-bit, 8 KiB for 8-bit tables, measured on a 2-vCPU Intel Xeon
 // (docs/tuning-notes.md, "CPU: prefetch"); any distance of 2-16 KiB was within noise there,
@@ -248,12 +266,12 @@ bool packed_args(const Table& t, PackedArgs& a) {
 // nibble order the kernel produces (the even elements, then the odd ones),
 // or, for the blocks plane4_layout() names, to plane order (KernelTable::plane4).
 // The weights are used as stored; the activations move instead (once per call).
-std::vector<float> prepare_x(const TensorView& x, const PackedArgs& a, const KernelTable& k) {
+AVec<float> prepare_x(const TensorView& x, const PackedArgs& a, const KernelTable& k) {
   const int bits = a.bits;
   const int64_t m = x.size(0), h = x.size(1);
   std::vector<float> xf(static_cast<size_t>(m * h));
   convert(x.data, x.dtype, xf.data(), DType::kF32, m * h);
-  std::vector<float> xp(xf.size());
+  AVec<float> xp(xf.size());
   const int64_t ce = bits == 4 ? k.chunk4 : k.chunk8;
   const int64_t half = ce / 2;
   for (int64_t m0 = 0; m0 < m;) {
@@ -294,9 +312,9 @@ std::vector<float> prepare_x(const TensorView& x, const PackedArgs& a, const Ker
 // with the packed bytes, plus per-lane block scales, per-lane Σq (and its
 // multiple by the symmetric offset) and the lanes' weight-group indices.
 struct Int8Acts {
-  std::vector<int8_t> q;
-  std::vector<float> sx;
-  std::vector<int32_t> t, nt, gidx;
+  AVec<int8_t> q;
+  AVec<float> sx;
+  AVec<int32_t> t, nt, gidx;
   std::vector<int64_t> g0;
   Int8X view;
 };
@@ -378,8 +396,8 @@ struct PreparedX {
   const KernelTable* k = nullptr;
   bool int8 = false;
   bool vnni = false;  // int8 through VNNI vpdpbusd (else vpmaddubsw + vpmaddwd)
-  std::vector<float> xp;  // exact
-  Int8Acts i8;            // int8
+  AVec<float> xp;  // exact
+  Int8Acts i8;     // int8
   int64_t scratch_floats = 0;
 
   PreparedX(const TensorView& x, const PackedArgs& a, const KernelTable* kt) : k(kt) {
@@ -437,7 +455,7 @@ bool block_pass(const Table& table, const TensorView& x, std::vector<State>& st,
   const PreparedX px(x, a, kt);
   auto p = pool();
   struct Buffers {
-    std::vector<float> scratch, logits;
+    AVec<float> scratch, logits;
   };
   std::vector<Buffers> bufs(static_cast<size_t>(p->size()));
   st.assign(static_cast<size_t>(p->size()), State{});
@@ -466,7 +484,7 @@ bool logits(const Table& table, const TensorView& x, const TensorView& out) {
   if (m == 0) return true;
   const PreparedX px(x, a, k);
   auto p = pool();
-  std::vector<std::vector<float>> scratch(static_cast<size_t>(p->size()));
+  std::vector<AVec<float>> scratch(static_cast<size_t>(p->size()));
   float* o = out.ptr<float>();
   p->run(n_blocks(v), [&](int64_t b, int w) {
     auto& s = scratch[static_cast<size_t>(w)];
@@ -559,7 +577,7 @@ bool sample_gumbel(const Table& table, const TensorView& x, float inv_temperatur
   // depends on (seed, offset, row, column) only, so the result does not
   // depend on the thread count.
   struct PerThread {
-    std::vector<float> noise;
+    AVec<float> noise;
     std::vector<Cand> best;
   };
   std::vector<PerThread> st;
@@ -608,7 +626,7 @@ bool embed(const Table& table, const TensorView& ids, const TensorView& out) {
   const int64_t n = ids.size(0), h = a.hidden;
   const size_t esz = dtype_size(out.dtype);
   auto gather = [&](int64_t b, int64_t e) {
-    std::vector<float> row(out.dtype == DType::kF32 ? 0 : static_cast<size_t>(h));
+    AVec<float> row(out.dtype == DType::kF32 ? 0 : static_cast<size_t>(h));
     for (int64_t i = b; i < e; ++i) {
       char* dst = static_cast<char*>(out.data) + static_cast<size_t>(i * h) * esz;
       if (out.dtype == DType::kF32) {
@@ -638,7 +656,7 @@ bool rescore(const Table& dense, const TensorView& x, const TensorView& candidat
   const Tensor& w = dense.dense();
   const int kind = dtype_kind(w.dtype());
   const size_t row_bytes = static_cast<size_t>(h) * dtype_size(w.dtype());
-  std::vector<float> xf(static_cast<size_t>(h));
+  AVec<float> xf(static_cast<size_t>(h));
   std::vector<Cand> c(static_cast<size_t>(k));
   for (int64_t i = 0; i < m; ++i) {
     convert(static_cast<const char*>(x.data) + static_cast<size_t>(i * h) * dtype_size(x.dtype), x.dtype, xf.data(),
