@@ -404,8 +404,8 @@ inline void micro_w8_m1(const uint8_t* const* rows, const float* sc, const float
 }
 
 #if defined(QHEAD_ISA_AVX2)
-// M = 1, 4-bit, AVX2, groups of whole 64-element chunks: the nibble-plane
-// form. A chunk is 32 packed bytes, 8 dwords; dword l holds elements 8l ..
+// 4-bit, AVX2, groups of whole 64-element chunks: the nibble-plane form.
+// A chunk is 32 packed bytes, 8 dwords; dword l holds elements 8l ..
 // 8l+7 of the chunk, element 8l + j in nibble j. Nibble j' of a dword (j' =
 // j for j < 4, j - 4 of the dword shifted right by 16) is put into the
 // mantissa of 2^(23 - 4j') by an and and an or: that float is exactly
@@ -416,7 +416,9 @@ inline void micro_w8_m1(const uint8_t* const* rows, const float* sc, const float
 // shift / convert / subtract / multiply form needs 5.5 (docs/tuning-notes.md,
 // "The AVX2 nibble-plane form"). The activations come in plane order
 // (KernelTable::plane4; cpu_ops.cc prepare_x). At 512 bits the form gained
-// nothing on Zen 4, so the AVX-512 path keeps its table form.
+// nothing on Zen 4, so the AVX-512 path keeps its table form. Two kernels:
+// micro_w4_m1_planes for single activation rows of tables with zero points,
+// micro_w4_planes_sym for symmetric tables at every block size.
 constexpr int kPlane4 = 8 * W;
 // Per nibble position j' = 0..3: its mask and the bits of 2^(23 - 4j'), read
 // from memory (GCC otherwise rebuilt them per group for want of registers).
@@ -430,7 +432,8 @@ alignas(32) constexpr uint32_t kPlaneExp[4][W] = {
     {146u << 23, 146u << 23, 146u << 23, 146u << 23, 146u << 23, 146u << 23, 146u << 23, 146u << 23},
     {142u << 23, 142u << 23, 142u << 23, 142u << 23, 142u << 23, 142u << 23, 142u << 23, 142u << 23},
     {138u << 23, 138u << 23, 138u << 23, 138u << 23, 138u << 23, 138u << 23, 138u << 23, 138u << 23}};
-template <int RT, int CH, bool SYM>
+// One activation row, zero points: RT rows, two FMA chains per row.
+template <int RT, int CH>
 inline void micro_w4_m1_planes(const uint8_t* const* rows, const float* sc, const float* zc, int64_t g_cols,
                                int64_t gl, const float* xp, float* res, const uint8_t* pf) {
   constexpr int64_t BYTES = kPlane4 / 2;
@@ -445,7 +448,7 @@ inline void micro_w4_m1_planes(const uint8_t* const* rows, const float* sc, cons
     float z[RT];  // the zero-point code: 2^(23 - 4j') + z leaves c - zc
     VF ag[RT][2];
     QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
-      z[r] = SYM ? 8.0f : zc[r * g_cols + g];
+      z[r] = zc[r * g_cols + g];
       ag[r][0] = ag[r][1] = vzero();
     }
     for_chunks<CH>(chunks, [&](int64_t c) {
@@ -478,14 +481,14 @@ struct Planes4 {
   static constexpr int CE = kPlane4, BYTES = kPlane4 / 2;
 };
 
-// The plane form for MB > 1 activation rows, symmetric tables: RT rows ×
-// MB activation rows per tile. Per chunk and nibble position the plane's
-// constants are loaded once and the RT rows' exact integers c - 8 made,
-// then each activation vector is loaded once for the RT rows. The scaled
-// sums stay in memory (one load and store per group and pair), so that the
-// RT·MB chains, the rows' packed dwords and their integers fit the 16 ymm
-// registers. With zero points the extra subtract per 8 weights made it no
-// faster than the table form (docs/tuning-notes.md), which they keep.
+// Symmetric tables, RT rows × MB activation rows per tile (4 × 1, 2 × 2,
+// 2 × 4). Per chunk and nibble position the plane's constants are loaded
+// once for the RT rows' exact integers c - 8, and each activation vector
+// once for the RT rows. The scaled sums stay in memory (one load and store
+// per group and pair), so that the RT·MB chains, the rows' packed dwords,
+// the constants and the integers fit the 16 ymm registers. With zero points
+// at MB > 1 a second subtract per 8 weights made it slower than the table
+// form (docs/tuning-notes.md), which they keep.
 template <int RT, int MB, int CH>
 inline void micro_w4_planes_sym(const uint8_t* const* rows, const float* sc, int64_t g_cols, int64_t gl,
                                 const float* xp, float* res, const uint8_t* pf) {
@@ -511,17 +514,28 @@ inline void micro_w4_planes_sym(const uint8_t* const* rows, const float* sc, int
       QHEAD_UNROLL for (int j = 0; j < 8; ++j) {
         const int jj = j & 3;
         if (j == 4) QHEAD_UNROLL for (int r = 0; r < RT; ++r) d[r] = _mm256_srli_epi32(d[r], 16);
-        const VI mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPlaneMask[jj]));
-        const VI ex = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPlaneExp[jj]));
-        VF f[RT];
-        QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
-          const VF t = _mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(d[r], mask), ex));
-          f[r] = vsub(t, vset(static_cast<float>(1 << (23 - 4 * jj)) + 8.0f));
-        }
-        QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
-          VF xv = vload(xc + m * kPlane4 + j * W);
-          __asm__("" : "+v"(xv));
-          QHEAD_UNROLL for (int r = 0; r < RT; ++r) ag[r][m] = vfma(f[r], xv, ag[r][m]);
+        VI mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPlaneMask[jj]));
+        VI ex = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPlaneExp[jj]));
+        VF sub = vset(static_cast<float>(1 << (23 - 4 * jj)) + 8.0f);
+        if constexpr (MB == 1) {
+          // One activation row: the plane's constants and x in registers,
+          // loaded once for the RT rows, each row's integers used at once.
+          VF xv = vload(xc + j * W);
+          __asm__("" : "+v"(mask), "+v"(ex), "+v"(sub), "+v"(xv));
+          QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
+            const VF f = vsub(_mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(d[r], mask), ex)), sub);
+            ag[r][0] = vfma(f, xv, ag[r][0]);
+          }
+        } else {
+          // The rows' integers first, then each activation vector once for them.
+          VF f[RT];
+          QHEAD_UNROLL for (int r = 0; r < RT; ++r)
+            f[r] = vsub(_mm256_castsi256_ps(_mm256_or_si256(_mm256_and_si256(d[r], mask), ex)), sub);
+          QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
+            VF xv = vload(xc + m * kPlane4 + j * W);
+            __asm__("" : "+v"(xv));
+            QHEAD_UNROLL for (int r = 0; r < RT; ++r) ag[r][m] = vfma(f[r], xv, ag[r][m]);
+          }
         }
       }
     });
@@ -551,10 +565,10 @@ inline void micro_dispatch(const uint8_t* const* rows, const float* sc, const fl
                            int64_t gl, const float* xp, float* res, const uint8_t* pf) {
 #if defined(QHEAD_ISA_AVX2)
   if constexpr (std::is_same_v<D, Planes4>) {
-    if constexpr (MB == 1)
-      micro_w4_m1_planes<RT, CH, SYM>(rows, sc, zc, g_cols, gl, xp, res, pf);
-    else
+    if constexpr (SYM)
       micro_w4_planes_sym<RT, MB, CH>(rows, sc, g_cols, gl, xp, res, pf);
+    else if constexpr (MB == 1)
+      micro_w4_m1_planes<RT, CH>(rows, sc, zc, g_cols, gl, xp, res, pf);
     return;
   }
 #endif
