@@ -775,9 +775,11 @@ inline VI vmadd16(VI a, VI b) { return _mm256_madd_epi16(a, b); }
 inline VI vmaddubs(VI u, VI s) { return _mm256_maddubs_epi16(u, s); }
 inline VF vperm_f(VF v, VI idx) { return _mm256_permutevar8x32_ps(v, idx); }
 inline VI vcvt_i(VF v) { return _mm256_cvtps_epi32(v); }
-// M = 1 takes 4 rows: in cache (Zen 4, 4096x1024 w4g64) 113 µs with 2 rows,
-// 104 with 4, 101 with 3 (but 3 was slower with zero points).
-template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 4 : MB == 2 ? 2 : 1;
+// In cache (Zen 4, 4096x1024 w4g64): M = 1 113 µs with 2 rows, 104 with 4,
+// 101 with 3 (but 3 was slower with zero points); M = 8 592-602 µs with 1
+// row, 533-536 with 2 (GCC spills some of the 2-row tile's registers, but
+// each activation vector then serves two rows).
+template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 4 : 2;
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
 #define QHEAD_VNNI_TARGET __attribute__((target("avxvnni")))
 #define QHEAD_VNNI_DPBUSD _mm256_dpbusd_avx_epi32
