@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -207,9 +208,11 @@ namespace {
 int dtype_kind(DType t) { return t == DType::kF32 ? 0 : t == DType::kF16 ? 1 : 2; }
 
 // What the kernels read with full-width vector loads (activation panels, the
-// int8 mode's arrays, scratch) is allocated on 64-byte boundaries: from the
-// allocator's 16-byte alignment, every 64-byte load and every other 32-byte
-// one at an odd 16-byte offset would straddle two cache lines.
+// int8 mode's arrays, scratch) is allocated on 64-byte boundaries. With the
+// allocator's 16-byte alignment a buffer starts anywhere in a cache line, so
+// every 64-byte load straddles two lines unless it happens to start on one,
+// and every other 32-byte load does when it starts at an odd multiple of 16:
+// the kernels' speed then changed from call to call (docs/tuning-notes.md).
 template <class T>
 struct Aligned64 {
   using value_type = T;
