@@ -565,6 +565,7 @@ inline void micro_dispatch(const uint8_t* const* rows, const float* sc, const fl
                            int64_t gl, const float* xp, float* res, const uint8_t* pf) {
 #if defined(QHEAD_ISA_AVX2)
   if constexpr (std::is_same_v<D, Planes4>) {
+    static_assert(SYM || MB == 1, "the plane form takes zero points at single activation rows only");
     if constexpr (SYM)
       micro_w4_planes_sym<RT, MB, CH>(rows, sc, g_cols, gl, xp, res, pf);
     else if constexpr (MB == 1)
