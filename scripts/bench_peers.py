@@ -4,6 +4,7 @@
 On the same shapes, M and weights, with CUDA events and rotated tables:
 
   qhead          torch.ops.qhead.logits / topk on qhead's packed table (--scheme)
+  qhead_f16      the same logits stored as f16 (out_dtype), as the peers return theirs
   cublas_f16     F.linear on the dense f16 table (cuBLAS)
   cublas_bf16    F.linear on the dense bf16 table
   tinygemm       torch.ops.aten._weight_int4pack_mm (bf16 activations; 4-bit only)
@@ -328,6 +329,12 @@ def main() -> int:
             err = rel_err(out, ref16)
             t = timer.run([lambda ta=ta: torch.ops.qhead.logits(*ta[0], x16, **ta[1]) for ta in targs])
             add((V, H), m, "qhead", qbytes, t, err)
+            # qhead logits stored as f16, as the peers return theirs
+            out = torch.ops.qhead.logits(*targs[0][0], x16, **targs[0][1], out_dtype=torch.float16)
+            err = rel_err(out, ref16)
+            t = timer.run([lambda ta=ta: torch.ops.qhead.logits(*ta[0], x16, **ta[1], out_dtype=torch.float16)
+                           for ta in targs])
+            add((V, H), m, "qhead_f16", qbytes, t, err)
             # qhead top-k
             vals, ids = torch.ops.qhead.topk(*targs[0][0], x16, a.k, **targs[0][1])[:2]
             rv, ri = torch.topk(ref16, a.k, dim=1)

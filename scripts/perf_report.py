@@ -257,6 +257,24 @@ def table_cuda(benches: list[dict]) -> list[str]:
     return table(header, align, rows) + [""] + runs_list(benches)
 
 
+def table_cuda_act_out(benches: list[dict]) -> list[str]:
+    """The logits stored in the activations' dtype: cuBLAS with a 16-bit output against the fused
+    kernel's 16-bit store (rows `dense_act_out`, `fused_act_out`), beside the f32-output times."""
+    rows = []
+    for i, ix, c in all_cases(benches, act_default="f16"):
+        shape, scheme, act, m = c
+        fa, da = ix.us(c, "fused_act_out"), ix.us(c, "dense_act_out")
+        if fa is None or da is None:
+            continue
+        fu, dense = ix.us(c, "fused"), ix.us(c, "dense")
+        rows.append([shape, scheme, act, str(m), fmt_us(da), fmt_us(fa), fmt_ratio(ratio(da, fa)),
+                     fmt_us(dense), fmt_us(fu), fmt_frac(ratio(fa, fu)), str(i)])
+    header = ["shape", "scheme", "act", "M", "cuBLAS dense, act out µs", "fused, act out µs",
+              "fused vs cuBLAS (act out)", "cuBLAS dense, f32 out µs", "fused, f32 out µs",
+              "fused act out / f32 out", "run"]
+    return table(header, ["l", "l", "l"] + ["r"] * 8, rows) + [""] + runs_list(benches)
+
+
 def table_cuda_kernels(benches: list[dict]) -> list[str]:
     present = []
     for name, paths, kernel in KERNEL_COLUMNS:
@@ -434,23 +452,26 @@ def table_gpu_peers(benches: list[dict]) -> list[str]:
             by.setdefault((r["shape"], r.get("scheme", ""), r["m"]), {})[r["peer"]] = r
         for (shape, scheme, m), rs in sorted(by.items(), key=lambda kv: (shape_size(kv[0][0]), kv[0][2])):
             us = {p: rs[p]["us_median"] for p in rs if "us_median" in rs[p]}
-            q, qt = us.get("qhead"), us.get("qhead_topk")
+            q, qt, q16 = us.get("qhead"), us.get("qhead_topk"), us.get("qhead_f16")
             others = [(us[p], p) for p in peers if p in us]
             best = min(others) if others else (None, "—")
             frac = rs["qhead"].get("read_fraction") if "qhead" in rs else None
-            rows.append([shape, scheme, str(m), fmt_us(q), fmt_frac(frac)] + [fmt_us(us.get(p)) for p in peers] +
-                        [best[1].replace("_", " "), fmt_ratio(ratio(best[0], q)), fmt_us(qt), fmt_us(us.get("linear_topk")),
-                         fmt_ratio(ratio(us.get("linear_topk"), qt)), str(i)])
-    header = ["shape", "qhead scheme", "M", "qhead logits µs", "of the read ceiling", "cuBLAS f16 µs",
-              "cuBLAS bf16 µs", "tinygemm int4 µs", "gemlite µs", "fastest peer", "its time / qhead's",
-              "qhead top-k 50 µs", "F.linear + torch.topk µs", "its time / qhead's", "run"]
-    align = ["l", "l", "r", "r", "r", "r", "r", "r", "r", "l", "r", "r", "r", "r", "r"]
+            rows.append([shape, scheme, str(m), fmt_us(q), fmt_frac(frac), fmt_us(q16)] +
+                        [fmt_us(us.get(p)) for p in peers] +
+                        [best[1].replace("_", " "), fmt_ratio(ratio(best[0], q)), fmt_ratio(ratio(best[0], q16)),
+                         fmt_us(qt), fmt_us(us.get("linear_topk")), fmt_ratio(ratio(us.get("linear_topk"), qt)), str(i)])
+    header = ["shape", "qhead scheme", "M", "qhead logits µs", "of the read ceiling", "qhead logits, f16 out µs",
+              "cuBLAS f16 µs", "cuBLAS bf16 µs", "tinygemm int4 µs", "gemlite µs", "fastest peer",
+              "its time / qhead's", "its time / qhead's f16 out", "qhead top-k 50 µs", "F.linear + torch.topk µs",
+              "its time / qhead's", "run"]
+    align = ["l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "l", "r", "r", "r", "r", "r", "r"]
     return table(header, align, rows) + [""] + runs_list(benches)
 
 
 TABLES: dict[str, Callable[[list[dict]], list[str]]] = {
     "cuda": table_cuda,
     "cuda-kernels": table_cuda_kernels,
+    "cuda-act-out": table_cuda_act_out,
     "cpu": table_cpu,
     "tp": table_tp,
     "binding": table_binding,
@@ -458,7 +479,7 @@ TABLES: dict[str, Callable[[list[dict]], list[str]]] = {
     "gpu-peers": table_gpu_peers,
     "sample": table_sample,
 }
-KIND_OF_TABLE = {"cuda": "cuda", "cuda-kernels": "cuda", "cpu": "cpu", "tp": "tp", "binding": "binding",
+KIND_OF_TABLE = {"cuda": "cuda", "cuda-kernels": "cuda", "cuda-act-out": "cuda", "cpu": "cpu", "tp": "tp", "binding": "binding",
                  "cpu-peers": "cpu-peers", "gpu-peers": "gpu-peers",
                  "sample": "sample"}
 

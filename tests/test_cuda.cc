@@ -228,6 +228,84 @@ TEST(Cuda, LogitsEveryKernelAtEveryM) {
   for (const LogitsCase& c : odd_stage_cases()) check_logits(c, Backend::kAuto);
 }
 
+// Logits stored in 16 bits: every fused kernel, forced, writes exactly its f32
+// logits rounded to nearest even (the same plan, so the same accumulation
+// order: bit-exact), into a NaN-poisoned f16 / bf16 out; the cuBLAS fallback,
+// which may pick another algorithm for a 16-bit output, stays within the
+// case's bound plus half an ulp of the output dtype. Awkward V (3: inside one
+// tile; 50257 and 49152 + 64: partial tiles) and M = 1, 3, 17, 256 (partial
+// column tiles of every family); f16 and bf16 activations.
+TEST(Cuda, LogitsStoredIn16Bit) {
+  SKIP_WITHOUT_GPU();
+  using cuda_plan::LogitsKernel;
+  int checked = 0, n = 0;
+  for (int64_t V : {int64_t(3), int64_t(50257), int64_t(49152 + 64)})
+    for (int64_t M : {1, 3, 17, 256})
+      for (std::optional<LogitsKernel> k :
+           {std::optional<LogitsKernel>(LogitsKernel::kGemvRegRing), std::optional<LogitsKernel>(LogitsKernel::kGemvStaged),
+            std::optional<LogitsKernel>(LogitsKernel::kGemmMmaSync), std::optional<LogitsKernel>(LogitsKernel::kGemmWgmma),
+            std::optional<LogitsKernel>(LogitsKernel::kGemmWgmmaWs), std::optional<LogitsKernel>()}) {
+        ++n;
+        LogitsCase c;
+        c.bits = n % 3 == 0 ? 8 : 4;
+        c.group = n % 2 ? 64 : 128;
+        c.symmetric = n % 4 != 1;
+        c.act = n % 2 ? DType::kF16 : DType::kBF16;
+        c.V = V;
+        c.H = 1024;
+        c.M = M;
+        cuda_plan::LogitsOverrides ov;
+        const LogitsKernel want = k ? *k : LogitsKernel::kCublasFallback;
+        ov.kernel = want;
+        if (planned(c, ov).kernel != want) continue;  // this kernel does not take the shape
+        SCOPED_TRACE(case_name(c) + " on " + cuda_plan::logits_kernel_name(want));
+        const uint64_t seed = case_seed(c) + 77;
+        const QuantScheme s = scheme_of(c);
+        const PackedTable host = random_packed(V, c.H, s, seed);
+        const Table dev = cuda::to_device(Table::packed(host));
+        const Tensor xh = random_tensor(c.act, M, c.H, seed + 1);
+        const Tensor xd = upload(xh);
+        Tensor o32 = poisoned_device(DType::kF32, {M, V});
+        const cuda_plan::LogitsPlan p32 = cuda_ops::run_logits(dev, xd.view(), o32.view(), Backend::kFused, ov);
+        const Tensor h32 = download(o32);
+        ASSERT_EQ(count_nan(h32.view()), 0);
+        for (DType out : {DType::kF16, DType::kBF16}) {
+          Tensor o16 = poisoned_device(out, {M, V});
+          const cuda_plan::LogitsPlan p16 = cuda_ops::run_logits(dev, xd.view(), o16.view(), Backend::kFused, ov);
+          ASSERT_EQ(p16.describe(), p32.describe());
+          cuda::synchronize();
+          const Tensor h16 = download(o16);
+          ASSERT_EQ(count_nan(h16.view()), 0) << dtype_name(out) << ": unwritten (NaN-poisoned) outputs remain";
+          const uint16_t* got = h16.ptr<uint16_t>();
+          const float* f = h32.ptr<float>();
+          int bad = 0;
+          if (k) {  // a fused kernel: the f32 logits, rounded
+            for (int64_t i = 0; i < M * V; ++i) {
+              const uint16_t want = out == DType::kF16 ? f32_to_f16(f[i]) : f32_to_bf16(f[i]);
+              if (got[i] != want && bad++ < 5)
+                ADD_FAILURE() << dtype_name(out) << " [" << i / V << ", " << i % V << "]: got 0x" << std::hex << got[i]
+                              << " want 0x" << want << std::dec << " (f32 " << f[i] << ")";
+            }
+          } else {  // cuBLAS: the case's bound, plus the output's rounding
+            const std::vector<float> xf = to_f32(xh.view());
+            const Oracle o = make_oracle(Table::packed(host), xf.data(), M, rows_to_check(V, seed + 2),
+                                         cuda_bound(s, c.H, c.act, true));
+            for (int64_t m = 0; m < M; ++m)
+              for (size_t r = 0; r < o.rows.size(); ++r) {
+                const double g = load_as_f32(got, out, m * V + o.rows[r]), want = o.val(m, int64_t(r));
+                const double tol = o.tl(m, int64_t(r)) + unit_roundoff(out) * std::fabs(want) * 1.0001;
+                if (!(std::fabs(g - want) <= tol) && bad++ < 5)
+                  ADD_FAILURE() << dtype_name(out) << " m=" << m << " row=" << o.rows[r] << " got " << g << " want "
+                                << want << " tol " << tol;
+              }
+          }
+          EXPECT_EQ(bad, 0);
+          ++checked;
+        }
+      }
+  EXPECT_GE(checked, 2 * 3 * 4 * 3) << "every V and M on at least three kernels";
+}
+
 // The warp-specialized wgmma GEMM (M > 64 on sm_90, elsewhere the mma.sync
 // GEMM): CTAs of a persistent grid taking several units each (V = 20011 at
 // M = 256: 157 row tiles × 2 column tiles), the stage ring's phases wrapping

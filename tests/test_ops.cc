@@ -702,14 +702,15 @@ TEST(Ops, ArgumentErrors) {
     expect_arg_error([&] { qhead::logits(t, a.x.view(), o1.view(), b); }, "logits", "out must have shape");
     Tensor o2 = Tensor::empty(DType::kF32, {v, m});
     expect_arg_error([&] { qhead::logits(t, a.x.view(), o2.view(), b); }, "logits", "out must have shape");
-    Tensor o3 = Tensor::empty(DType::kF16, {m, v});
-    expect_arg_error([&] { qhead::logits(t, a.x.view(), o3.view(), b); }, "logits", "out must be F32");
+    Tensor o3 = Tensor::empty(DType::kI32, {m, v});
+    expect_arg_error([&] { qhead::logits(t, a.x.view(), o3.view(), b); }, "logits", "out must be F32/F16/BF16");
     Tensor big = Tensor::empty(DType::kF32, {m, 2 * v});
     TensorView o4(big.data(), DType::kF32, {m, v});
     o4.strides = {2 * v, 1};
     expect_arg_error([&] { qhead::logits(t, a.x.view(), o4, b); }, "logits", "out must be contiguous");
   }
   expect_arg_error([&] { qhead::logits(t, x65.view()); }, "logits", "x has shape");
+  expect_arg_error([&] { qhead::logits(t, a.x.view(), DType::kI8); }, "logits", "out_dtype must be F32/F16/BF16");
   expect_arg_error([&] { qhead::logits(Table(), a.x.view(), out.view()); }, "logits", "table is empty");
 
   // topk: x and every output named.
@@ -870,6 +871,43 @@ TEST(Ops, ConcurrentCallsFromSeveralThreads) {
 // The convenience overloads allocate the documented shapes and agree with the
 // out-parameter forms on the auto backend (what they run); logits_fallback is
 // the BLAS backend.
+// A 16-bit out holds the f32 logits rounded to nearest even, bit for bit, on
+// every CPU backend whose f32 logits of a row do not depend on M; M = 130
+// crosses the 64-row blocks the rounding goes by, so for OpenBLAS (whose
+// SGEMM blocking, hence rounding, follows M) one ulp of the 16-bit dtype.
+TEST(Ops, LogitsStoredIn16Bit) {
+  const int64_t v = 301, h = 128, m = 130;
+  for (const char* scheme : {"w4g32a", "w8g64"}) {
+    Table t = Table::packed(qt::random_packed(v, h, QuantScheme::parse(scheme, DType::kBF16), 8), "t");
+    const Acts a = make_acts(DType::kF16, m, h, 9);
+    for (Backend b : {Backend::kAuto, Backend::kFused, Backend::kFallbackBlas, Backend::kReference}) {
+      SCOPED_TRACE(std::string(scheme) + " " + backend_name(b));
+      Tensor f = Tensor::empty(DType::kF32, {m, v});
+      qt::poison(f.view());
+      qhead::logits(t, a.x.view(), f.view(), b);
+      for (DType out : {DType::kF16, DType::kBF16}) {
+        Tensor o = Tensor::empty(out, {m, v});
+        qt::poison(o.view());
+        qhead::logits(t, a.x.view(), o.view(), b);
+        int bad = 0;
+        for (int64_t i = 0; i < m * v; ++i) {
+          const float x = f.ptr<float>()[i];
+          const uint16_t want = out == DType::kF16 ? qhead::f32_to_f16(x) : qhead::f32_to_bf16(x);
+          const uint16_t got = o.ptr<uint16_t>()[i];
+          const int ulps = b == Backend::kFallbackBlas ? 1 : 0;
+          if (std::abs(int(got) - int(want)) > ulps && bad++ < 5)
+            ADD_FAILURE() << qhead::dtype_name(out) << " [" << i / v << ", " << i % v << "] from " << x << ": 0x"
+                          << std::hex << got << " want 0x" << want << std::dec;
+        }
+        EXPECT_EQ(bad, 0);
+      }
+    }
+    const Tensor a16 = qhead::logits(t, a.x.view(), DType::kBF16);
+    ASSERT_EQ(a16.dtype(), DType::kBF16);
+    ASSERT_EQ(a16.shape(), (Shape{m, v}));
+  }
+}
+
 TEST(Ops, ConvenienceFormsAgree) {
   const Table t = Table::packed(qt::random_packed(300, 128, QuantScheme::parse("w4g32a", DType::kBF16), 6), "t");
   const Acts a = make_acts(DType::kBF16, 4, 128, 7);

@@ -46,10 +46,13 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out,
 Tensor embed(const Table& table, const TensorView& ids, DType out_dtype = DType::kF32);
 
 // logits: out[m, v] = Σ_j x[m, j] · w[v, j], accumulated in f32.
-//   x: F32/F16/BF16 [M, H];  out: F32 [M, V], written.
+//   x: F32/F16/BF16 [M, H];  out: F32/F16/BF16 [M, V], written. A 16-bit out
+//   holds the f32 logits rounded to nearest even (beyond the f16 range: ±inf),
+//   stored so by the CUDA kernels' epilogues; on the CPU the rows are computed
+//   in f32 blocks of 64 and rounded.
 void logits(const Table& table, const TensorView& x, const TensorView& out,
             Backend backend = Backend::kAuto);
-Tensor logits(const Table& table, const TensorView& x);
+Tensor logits(const Table& table, const TensorView& x, DType out_dtype = DType::kF32);
 
 // logits_fallback: dequantize the whole table to f32, then one dense SGEMM
 // (OpenBLAS). The path the fused kernels replace; kept as a baseline.

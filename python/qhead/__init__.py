@@ -175,14 +175,15 @@ def embed(table, ids, out=None, *, dtype=None, stream=None):
     return out
 
 
-def logits(table, x, out=None, *, stream=None):
+def logits(table, x, out=None, *, dtype=None, stream=None):
     """out[m, v] = sum_j x[m, j] * W[v, j] (f32 accumulation).
 
-    table: Table [V, H]; x: f32/f16/bf16 [M, H]; out: f32 [M, V], written and returned (allocated like x
-    when not given).
+    table: Table [V, H]; x: f32/f16/bf16 [M, H]; out: f32/f16/bf16 [M, V], written and returned (a 16-bit
+    out holds the f32 logits rounded to nearest even). Without out, one is allocated like x with dtype
+    (f32 unless given: "f32", "f16", "bf16" or a numpy/torch dtype).
     """
     if out is None:
-        out = _empty(x, (_rows(x), table.vocab), "f32", "logits")
+        out = _empty(x, (_rows(x), table.vocab), _dtype_name(dtype, "logits"), "logits")
     _C.logits(table, x, out, stream=_stream(x, stream))
     return out
 

@@ -5,7 +5,8 @@ Ops (namespace ``qhead``; CPU and CUDA kernels, fake kernels for torch.compile):
     torch.ops.qhead.embed(weight_packed, weight_scale, weight_zero_point, col_perm, ids,
                           scheme, vocab, hidden, out_dtype) -> Tensor [N, H]
     torch.ops.qhead.logits(weight_packed, weight_scale, weight_zero_point, col_perm, x,
-                           scheme, vocab, hidden) -> Tensor f32 [M, V]
+                           scheme, vocab, hidden, out_dtype=None) -> Tensor [M, V]
+                           (f32, or out_dtype f16/bf16: the f32 logits rounded to nearest even)
     torch.ops.qhead.topk(weight_packed, weight_scale, weight_zero_point, col_perm, x, k,
                          scheme, vocab, hidden) -> (values f32 [M, k], ids i32 [M, k], lse f32 [M])
     torch.ops.qhead.rescore(dense, x, candidates) -> (values f32 [M, k], ids i32 [M, k])
@@ -265,7 +266,7 @@ else:
     # several µs per call (scripts/bench_binding.py).
     _TABLE_KW = "str scheme, int vocab, int hidden"
     _lib.define(f"embed({_TABLE_ARGS}, Tensor ids, {_TABLE_KW}, ScalarType out_dtype) -> Tensor")
-    _lib.define(f"logits({_TABLE_ARGS}, Tensor x, {_TABLE_KW}) -> Tensor")
+    _lib.define(f"logits({_TABLE_ARGS}, Tensor x, {_TABLE_KW}, ScalarType? out_dtype=None) -> Tensor")
     _lib.define(f"topk({_TABLE_ARGS}, Tensor x, int k, {_TABLE_KW}) -> (Tensor, Tensor, Tensor)")
     _lib.define(f"sample({_TABLE_ARGS}, Tensor x, float temperature, int top_k, float top_p, float min_p, "
                 f"int seed, int offset, {_TABLE_KW}) -> Tensor")
@@ -282,12 +283,12 @@ def _embed_impl(weight_packed, weight_scale, weight_zero_point, col_perm, ids, s
     return out
 
 
-def _logits_impl(weight_packed, weight_scale, weight_zero_point, col_perm, x, scheme, vocab, hidden):
+def _logits_impl(weight_packed, weight_scale, weight_zero_point, col_perm, x, scheme, vocab, hidden, out_dtype=None):
     table = table_from_tensors(weight_packed, weight_scale, weight_zero_point, col_perm, scheme, vocab, hidden)
     if x.dim() != 2:
         raise qhead.InvalidArgumentError(f"qhead::logits: x must be 2-D [M, H], got shape {tuple(x.shape)}")
     _need_contiguous(x, "logits", "x")
-    out = _empty(x.shape[0], vocab, dtype=torch.float32, device=weight_packed.device)
+    out = _empty(x.shape[0], vocab, dtype=out_dtype or torch.float32, device=weight_packed.device)
     _C.logits(table, x, out, stream=_stream(out))
     return out
 
@@ -349,9 +350,10 @@ def _register_fakes() -> None:
 
 
     @torch.library.register_fake("qhead::logits", lib=_lib)
-    def _logits_fake(weight_packed, weight_scale, weight_zero_point, col_perm, x, scheme, vocab, hidden):
+    def _logits_fake(weight_packed, weight_scale, weight_zero_point, col_perm, x, scheme, vocab, hidden,
+                     out_dtype=None):
         torch._check(x.dim() == 2, lambda: f"qhead::logits: x must be 2-D [M, H], got {x.dim()}-D")
-        return weight_packed.new_empty((x.shape[0], vocab), dtype=torch.float32)
+        return weight_packed.new_empty((x.shape[0], vocab), dtype=out_dtype or torch.float32)
 
 
     @torch.library.register_fake("qhead::topk", lib=_lib)
@@ -895,14 +897,16 @@ class QuantLMHead(nn.Module):
             self._buffers["dense_weight"] = dense
         return self
 
-    def _logits_f32(self, x2: Tensor) -> Tensor:
+    def _logits(self, x2: Tensor, dtype: torch.dtype) -> Tensor:
+        """The logits [M, V] in dtype (f32, or f16/bf16 stored rounded by the kernels)."""
         t = self._modules["table"]
         wp = t._buffers["weight_packed"]
         if _eager(x2, wp):
-            out = _empty(x2.shape[0], t.vocab, dtype=torch.float32, device=wp.device)
+            out = _empty(x2.shape[0], t.vocab, dtype=dtype, device=wp.device)
             _C.logits(t.table(), x2, out, stream=_stream(out))
             return out
-        return torch.ops.qhead.logits.default(*t._table_buffers(), x2, t.scheme, t.vocab, t.hidden)
+        return torch.ops.qhead.logits.default(*t._table_buffers(), x2, t.scheme, t.vocab, t.hidden,
+                                              None if dtype == torch.float32 else dtype)
 
     def _rescore(self, x2: Tensor, candidates: Tensor) -> Tuple[Tensor, Tensor]:
         """Exact (values, ids) of candidates [M, K], sorted descending, on x2's device."""
@@ -933,13 +937,15 @@ class QuantLMHead(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = self._flat(x, "forward")
-        out = self._logits_f32(self._kernel_x(x2))
-        if self.rescore:
+        if not self.rescore:  # the kernels store the logits in x's dtype: no f32 copy, no conversion
+            out = self._logits(self._kernel_x(x2), x.dtype)
+        else:  # the candidates from the f32 logits, their exact values scattered, then x's dtype
+            out = self._logits(self._kernel_x(x2), torch.float32)
             cand = torch.topk(out, self.rescore, dim=1, sorted=False).indices
             values, ids = self._rescore(x2, cand)
             out.scatter_(1, ids.long(), values)
-        if x.dtype != torch.float32:
-            out = out.to(x.dtype)
+            if x.dtype != torch.float32:
+                out = out.to(x.dtype)
         return out if x.dim() == 2 else out.view(*x.shape[:-1], self.out_features)
 
     def topk(self, x: Tensor, k: int) -> Tuple[Tensor, Tensor, Tensor]:

@@ -134,7 +134,7 @@ void register_ops(nb::module_& m) {
       nb::sig("def logits(table: Table, x: object, out: object, *, stream: int | None = None) -> None"),
       "out[m, v] = sum_j x[m, j] * w[v, j], accumulated in f32.\n"
       "  x    f32/f16/bf16 [M, H]\n"
-      "  out  f32 [M, V], written\n"
+      "  out  f32/f16/bf16 [M, V], written (16-bit: the f32 logits rounded to nearest even)\n"
       "All arrays on the table's device, contiguous. stream: a cudaStream_t for CUDA tables (default: torch's current stream for torch tensors, else qhead's).");
 
   m.def(

@@ -362,13 +362,13 @@ at::Tensor embed(const at::Tensor& wp, const at::Tensor& ws, const std::optional
 
 at::Tensor logits(const at::Tensor& wp, const at::Tensor& ws, const std::optional<at::Tensor>& wz,
                   const std::optional<at::Tensor>& cp, const at::Tensor& x, c10::string_view scheme, int64_t vocab,
-                  int64_t hidden) {
+                  int64_t hidden, std::optional<at::ScalarType> out_dtype) {
   return guarded([&] {
     const std::string op = "qhead::logits";
     const Table table = packed_table(op, wp, ws, wz, cp, scheme, vocab, hidden);
     if (x.dim() != 2) bad(op, "x must be 2-D [M, H], got shape " + sizes_str(x.sizes()));
     need_contiguous(x, op, "x");
-    at::Tensor out = alloc({x.size(0), vocab}, at::kFloat, wp.device());
+    at::Tensor out = alloc({x.size(0), vocab}, out_dtype.value_or(at::kFloat), wp.device());
     api().logits(table, view(x, op, "x"), view(out, op, "out"), stream_of(table, out.device()));
     return out;
   });
@@ -449,9 +449,9 @@ at::Tensor embed_meta(const at::Tensor& wp, const at::Tensor&, const std::option
 
 at::Tensor logits_meta(const at::Tensor& wp, const at::Tensor&, const std::optional<at::Tensor>&,
                        const std::optional<at::Tensor>&, const at::Tensor& x, c10::string_view, int64_t vocab,
-                       int64_t) {
+                       int64_t, std::optional<at::ScalarType> out_dtype) {
   TORCH_CHECK_VALUE(x.dim() == 2, "qhead::logits: x must be 2-D [M, H], got ", x.dim(), "-D");
-  return at::empty_symint({x.sym_size(0), c10::SymInt(vocab)}, wp.options().dtype(at::kFloat));
+  return at::empty_symint({x.sym_size(0), c10::SymInt(vocab)}, wp.options().dtype(out_dtype.value_or(at::kFloat)));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> topk_meta(const at::Tensor& wp, const at::Tensor&,
@@ -504,7 +504,7 @@ TORCH_LIBRARY(qhead, m) {
   constexpr const char* kTable = "Tensor weight_packed, Tensor weight_scale, Tensor? weight_zero_point, Tensor? col_perm";
   constexpr const char* kKw = "str scheme, int vocab, int hidden";
   m.def((std::string("embed(") + kTable + ", Tensor ids, " + kKw + ", ScalarType out_dtype) -> Tensor").c_str());
-  m.def((std::string("logits(") + kTable + ", Tensor x, " + kKw + ") -> Tensor").c_str());
+  m.def((std::string("logits(") + kTable + ", Tensor x, " + kKw + ", ScalarType? out_dtype=None) -> Tensor").c_str());
   m.def((std::string("topk(") + kTable + ", Tensor x, int k, " + kKw + ") -> (Tensor, Tensor, Tensor)").c_str());
   m.def((std::string("sample(") + kTable + ", Tensor x, float temperature, int top_k, float top_p, float min_p, " +
          "int seed, int offset, " + kKw + ") -> Tensor").c_str());

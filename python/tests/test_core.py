@@ -112,6 +112,11 @@ def check_logits(table, x, value, tol):
     alloc = qhead.logits(table, x)
     assert type(alloc) is type(x)
     np.testing.assert_array_equal(np_of(alloc), np_of(out))
+    # A 16-bit out: the same f32 logits rounded to nearest even, every entry written.
+    o16 = poisoned(x, (x.shape[0], table.vocab), "f16")
+    assert qhead.logits(table, x, o16) is o16
+    np.testing.assert_array_equal(np_of(o16), np_of(out).astype(np.float16))
+    np.testing.assert_array_equal(np_of(qhead.logits(table, x, dtype="f16")), np_of(o16))
 
 
 def check_topk(table, x, k, value, tol):
@@ -542,8 +547,10 @@ BAD_CALLS = [
     ("x meta device", lambda t, d: qhead.logits(t, torch.ones(1, 64, device="meta")), qhead.InvalidArgumentError,
      "logits: x (torch.Tensor) could not be taken as an array through DLPack"),
     ("out None", lambda t, d: qhead._C.logits(t, f32(1, 64), None), qhead.InvalidArgumentError, "logits: out is None"),
-    ("out wrong dtype", lambda t, d: qhead.logits(t, f32(1, 64), np.ones((1, 50), np.float16)),
-     qhead.InvalidArgumentError, "logits: out must be F32"),
+    ("out wrong dtype", lambda t, d: qhead.logits(t, f32(1, 64), np.ones((1, 50), np.int32)),
+     qhead.InvalidArgumentError, "logits: out must be F32/F16/BF16"),
+    ("dtype not a float", lambda t, d: qhead.logits(t, f32(1, 64), dtype="i32"), qhead.InvalidArgumentError,
+     "logits: dtype must be f32, f16 or bf16"),
     ("out wrong shape", lambda t, d: qhead.logits(t, f32(2, 64), f32(1, 50)), qhead.InvalidArgumentError,
      "logits: out must have shape [2, 50]"),
     ("out non-contiguous", lambda t, d: qhead.logits(t, f32(1, 64), f32(1, 100)[:, ::2]), qhead.InvalidArgumentError,

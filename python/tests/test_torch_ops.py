@@ -54,6 +54,11 @@ def check_all_ops(t: qt.QuantTable, m: int, act: torch.dtype, seed: int, ks=(1, 
     out = call("logits", t, xd)
     assert out.dtype == torch.float32 and out.device.type == device
     assert_close_bound(out, want, tol, "logits " + what)
+    # logits stored in 16 bits: the same f32 logits, rounded to nearest even (bit for bit)
+    for out_dtype in (torch.float16, torch.bfloat16):
+        o16 = call("logits", t, xd, out_dtype=out_dtype)
+        assert o16.dtype == out_dtype and o16.shape == out.shape and o16.device.type == device
+        assert torch.equal(o16, out.to(out_dtype)), f"logits {what} out={out_dtype}"
     # topk
     for k in ks:
         k = min(k, t.vocab)
@@ -126,6 +131,7 @@ def test_opcheck():
     ids = torch.tensor([0, 36, 5], dtype=torch.int64)
     torch.library.opcheck(torch.ops.qhead.embed.default, (*tensors, ids), dict(kw, out_dtype=torch.bfloat16))
     torch.library.opcheck(torch.ops.qhead.logits.default, (*tensors, x), kw)
+    torch.library.opcheck(torch.ops.qhead.logits.default, (*tensors, x), dict(kw, out_dtype=torch.float16))
     torch.library.opcheck(torch.ops.qhead.topk.default, (*tensors, x, 4), kw)
     dense = random_weight(37, 64, 2)
     cand = torch.tensor([[0, 1], [2, 3], [36, 4]], dtype=torch.int64)
@@ -140,6 +146,8 @@ def test_fake_shapes():
         kw = t.op_args()[1]
         x = torch.empty((5, 64), dtype=torch.bfloat16)
         assert call_fake("logits", tensors, kw, x).shape == (5, 37)
+        l16 = call_fake("logits", tensors, kw, x, out_dtype=torch.bfloat16)
+        assert l16.shape == (5, 37) and l16.dtype == torch.bfloat16
         v, i, l = call_fake("topk", tensors, kw, x, 3)
         assert (v.shape, i.shape, l.shape, i.dtype) == ((5, 3), (5, 3), (5,), torch.int32)
         e = call_fake("embed", tensors, kw, torch.empty((7,), dtype=torch.int64), out_dtype=torch.float16)

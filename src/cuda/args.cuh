@@ -22,6 +22,9 @@ struct TopkLists {
   int nseg = 0, seg_cap = 0;
 };
 
+// The dtype the logits are stored in (LogitsArgs::out_type).
+enum OutType : int { kOutF32 = 0, kOutF16 = 1, kOutBF16 = 2 };
+
 struct LogitsArgs {
   const uint32_t* packed;  // [V, H·b/32] codes, pack-quantized
   const void* scale;       // [V, groups] in scale_type
@@ -32,8 +35,9 @@ struct LogitsArgs {
                            // (permute_x), or in the staged kernel's shared layout (staged_x_kernel)
   const void* x_stage = nullptr;  // staged kernel: x already in its shared layout (staged_x_bytes), copied
                                   // flat into each CTA; nullptr = each CTA builds it from x
-  float* out;              // [M, V] logits, row stride ldo
+  void* out;               // [M, V] logits in out_type, row stride ldo (elements)
   int64_t ldo;
+  int out_type = kOutF32;  // OutType: the logits' dtype in memory (rounded to nearest even from the f32 accumulators)
   int64_t V;
   int H;
   int group;   // group length along H (H for per-row)

@@ -49,11 +49,11 @@ inline int sm_count() {
   return n;
 }
 
-// out[M, V] (f32, row stride ldo) = x[M, H] · w[V, H]ᵀ: one cuBLAS GemmEx on
-// the current stream, f32 accumulation (src/ops/cuda/dequant.cu; the fallback and the
-// benchmark's dense baseline both call it).
-void gemm_xwt(const void* w, cudaDataType_t wt, const void* x, cudaDataType_t xt, float* out, int V, int H, int M,
-              int64_t ldo);
+// out[M, V] (row stride ldo, dtype ot: f32, f16 or bf16) = x[M, H] · w[V, H]ᵀ: one
+// cuBLAS GemmEx on the current stream, f32 accumulation (src/ops/cuda/dequant.cu; the
+// fallback and the benchmark's dense baseline both call it).
+void gemm_xwt(const void* w, cudaDataType_t wt, const void* x, cudaDataType_t xt, void* out, cudaDataType_t ot, int V,
+              int H, int M, int64_t ldo);
 
 // Scale dtype codes passed to kernels (runtime: one load per group).
 enum ScaleType : int { kScaleF32 = 0, kScaleF16 = 1, kScaleBF16 = 2 };

@@ -1,6 +1,7 @@
 // Argument checks and the single dispatch point of every op.
 #include "qhead/ops.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <mutex>
@@ -159,13 +160,39 @@ Tensor embed(const Table& table, const TensorView& ids, DType out_dtype) {
   return out;
 }
 
+namespace {
+// CPU logits into a 16-bit out: blocks of rows computed in f32, then rounded.
+void logits_rounded(const Table& table, const TensorView& x, const TensorView& out, Backend backend) {
+  constexpr int64_t kRows = 64;
+  const int64_t M = x.size(0), V = table.vocab(), H = x.size(1);
+  Tensor f = Tensor::empty(DType::kF32, {std::min(M, kRows), V});
+  const size_t xs = dtype_size(x.dtype);
+  for (int64_t r0 = 0; r0 < M; r0 += kRows) {
+    const int64_t mc = std::min(kRows, M - r0);
+    const TensorView xr(static_cast<char*>(x.data) + size_t(r0 * H) * xs, x.dtype, {mc, H});
+    const TensorView fr(f.data(), DType::kF32, {mc, V});
+    logits(table, xr, fr, backend);
+    const float* src = f.ptr<float>();
+    uint16_t* dst = static_cast<uint16_t*>(out.data) + r0 * V;
+    if (out.dtype == DType::kBF16)
+      for (int64_t i = 0; i < mc * V; ++i) dst[i] = f32_to_bf16(src[i]);
+    else
+      for (int64_t i = 0; i < mc * V; ++i) dst[i] = f32_to_f16(src[i]);
+  }
+}
+}  // namespace
+
 void logits(const Table& table, const TensorView& x, const TensorView& out, Backend backend) {
   const char* op = "logits";
   check_table(table, op);
   check_x(table, x, op);
-  check_out(out, table.device(), DType::kF32, {x.size(0), table.vocab()}, op, "out");
+  check_on_device(out, table.device(), op, "out");
+  if (!is_float_dtype(out.dtype)) fail(op, std::string("out must be F32/F16/BF16, got ") + dtype_name(out.dtype));
+  if (out.shape != Shape{x.size(0), table.vocab()})
+    fail(op, "out must have shape " + shape_str({x.size(0), table.vocab()}) + ", got " + shape_str(out.shape));
   if (table.has_col_perm()) return logits(table.stored_order(), permuted_x(table, x).view(), out, backend);
   if (table.device() == Device::kCUDA) return cuda_turn(cuda_ops::logits, table, x, out, backend);
+  if (out.dtype != DType::kF32) return logits_rounded(table, x, out, backend);
   switch (backend) {
     case Backend::kFallbackBlas:
       blas::logits_fallback(table, x, out);
@@ -180,9 +207,10 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
   }
 }
 
-Tensor logits(const Table& table, const TensorView& x) {
+Tensor logits(const Table& table, const TensorView& x, DType out_dtype) {
   check_dims(x, 2, "logits", "x");
-  Tensor out = alloc(table, DType::kF32, {x.size(0), table.vocab()});
+  if (!is_float_dtype(out_dtype)) fail("logits", std::string("out_dtype must be F32/F16/BF16, got ") + dtype_name(out_dtype));
+  Tensor out = alloc(table, out_dtype, {x.size(0), table.vocab()});
   logits(table, x, out.view());
   return out;
 }

@@ -150,10 +150,11 @@ double median_us(F&& fn, int reps, int warmup = 3) {
   return t[t.size() / 2];
 }
 
-// out[M, V] = x[M, H] · W[V, H]ᵀ, w and x of dtype t (f16 or bf16) → f32: the same cuBLAS call as the fallback.
-void dense_gemm(const void* w, const void* x, DType t, float* out, int V, int H, int M) {
+// out[M, V] = x[M, H] · W[V, H]ᵀ, w and x of dtype t (f16 or bf16) → out in f32, or in t when
+// `out_t`: the same cuBLAS call as the fallback.
+void dense_gemm(const void* w, const void* x, DType t, void* out, int V, int H, int M, bool out_t = false) {
   const cudaDataType_t ct = t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
-  gemm_xwt(w, ct, x, ct, out, V, H, M, V);
+  gemm_xwt(w, ct, x, ct, out, out_t ? ct : CUDA_R_32F, V, H, M, V);
 }
 
 int grid_for(int64_t n) { return int(std::min<int64_t>((n + 255) / 256, int64_t(sm_count()) * 16)); }
@@ -224,7 +225,7 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
     fill_random_values<__half><<<grid_for(int64_t(n) * n), 256, 0, s>>>(a.ptr<__half>(), int64_t(n) * n, 1, 1.0f);
     fill_random_values<__half><<<grid_for(int64_t(n) * n), 256, 0, s>>>(b.ptr<__half>(), int64_t(n) * n, 2, 1.0f);
     QHEAD_CUDA_CHECK_LAUNCH("fill_random_values");
-    const double us = median_us([&](int) { dense_gemm(a.data(), b.data(), DType::kF16, c.ptr<float>(), n, n, n); }, 10);
+    const double us = median_us([&](int) { dense_gemm(a.data(), b.data(), DType::kF16, c.data(), n, n, n); }, 10);
     matrix_tflops = 2.0 * double(n) * n * n / (us * 1e6);
     BenchRow r;
     r.path = "ceiling_matrix";
@@ -323,10 +324,18 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
         rows.push_back(r);
       };
       const double dense_us = median_us([&](int i) {
-        dense_gemm(dense[size_t(i) % dense.size()].data(), x.data(), act, out.ptr<float>(), int(V), int(H), int(M));
+        dense_gemm(dense[size_t(i) % dense.size()].data(), x.data(), act, out.data(), int(V), int(H), int(M));
       }, reps);
       add("dense", dense_us, double(dense_bytes), dense_us,
           "cuBLAS " + cfg.act + " GEMM on the unquantized " + cfg.act + " table");
+      // The same pair with the logits stored in the activations' dtype (as torch's F.linear
+      // returns them): cuBLAS with a 16-bit output, and the fused kernel's 16-bit store.
+      Tensor out_act = cuda::empty(act, {M, V});
+      const double dense_act_us = median_us([&](int i) {
+        dense_gemm(dense[size_t(i) % dense.size()].data(), x.data(), act, out_act.data(), int(V), int(H), int(M), true);
+      }, reps);
+      add("dense_act_out", dense_act_us, double(dense_bytes), dense_us,
+          "cuBLAS " + cfg.act + " GEMM on the unquantized " + cfg.act + " table, logits stored as " + cfg.act);
       const double fb_us = median_us([&](int i) {
         logits(tables[size_t(i) % tables.size()], x.view(), out.view(), Backend::kFallbackBlas);
       }, std::min(reps, 10));
@@ -346,6 +355,16 @@ std::vector<BenchRow> run_cuda_bench(const BenchConfig& cfg) {
       add("fused", fused_us, double(table_bytes), dense_us, "the fused kernel the plan picks (Backend::kFused): " +
           fused_plan.describe());
       rows.back().kernel = cuda_plan::logits_kernel_name(fused_plan.kernel);
+      {
+        cuda_plan::LogitsPlan plan;
+        const double us = median_us([&](int i) {
+          plan = cuda_ops::run_logits(tables[size_t(i) % tables.size()], x.view(), out_act.view(), Backend::kFused,
+                                      defaults);
+        }, reps);
+        add("fused_act_out", us, double(table_bytes), dense_act_us,
+            "the same plan, logits stored as " + cfg.act + " (rounded to nearest even): " + plan.describe());
+        rows.back().kernel = cuda_plan::logits_kernel_name(plan.kernel);
+      }
       // Every other fused kernel that takes this shape, forced, same run.
       for (LogitsKernel k : {LogitsKernel::kGemvRegRing, LogitsKernel::kGemvStaged, LogitsKernel::kGemmMmaSync,
                              LogitsKernel::kGemmWgmma, LogitsKernel::kGemmWgmmaWs}) {

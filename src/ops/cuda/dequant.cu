@@ -88,7 +88,7 @@ const void* dense_operand(const Table& table, DType want, cudaStream_t s) {
 
 }  // namespace
 
-void gemm_fallback(const Table& table, const TensorView& x, float* out, int64_t ldo) {
+void gemm_fallback(const Table& table, const TensorView& x, void* out, DType out_dtype, int64_t ldo) {
   cudaStream_t s = current_stream();
   const DType wt = table.is_packed() ? x.dtype : table.dense().dtype();
   if (!table.is_packed() && wt != x.dtype)
@@ -96,7 +96,7 @@ void gemm_fallback(const Table& table, const TensorView& x, float* out, int64_t 
                        "; they must match");
   const void* w = dense_operand(table, wt, s);
   const int V = static_cast<int>(table.vocab()), H = static_cast<int>(table.hidden()), M = static_cast<int>(x.size(0));
-  gemm_xwt(w, cuda_type(wt), x.data, cuda_type(x.dtype), out, V, H, M, ldo);
+  gemm_xwt(w, cuda_type(wt), x.data, cuda_type(x.dtype), out, cuda_type(out_dtype), V, H, M, ldo);
 }
 
 }  // namespace qhead::cuda_ops
@@ -104,12 +104,12 @@ void gemm_fallback(const Table& table, const TensorView& x, float* out, int64_t 
 namespace qhead::cuda_detail {
 
 
-void gemm_xwt(const void* w, cudaDataType_t wt, const void* x, cudaDataType_t xt, float* out, int V, int H, int M,
-              int64_t ldo) {
+void gemm_xwt(const void* w, cudaDataType_t wt, const void* x, cudaDataType_t xt, void* out, cudaDataType_t ot, int V,
+              int H, int M, int64_t ldo) {
   const float alpha = 1.0f, beta = 0.0f;
   // out[M, V] (row-major) = (W[V, H] · x[M, H]ᵀ) seen column-major as [V, M].
   cuda_ops::check_blas(cublasGemmEx(cuda_ops::blas(), CUBLAS_OP_T, CUBLAS_OP_N, V, M, H, &alpha, w, wt, H, x, xt, H,
-                                    &beta, out, CUDA_R_32F, static_cast<int>(ldo), CUBLAS_COMPUTE_32F,
+                                    &beta, out, ot, static_cast<int>(ldo), CUBLAS_COMPUTE_32F,
                                     CUBLAS_GEMM_DEFAULT),
                        "cublasGemmEx");
 }

@@ -107,13 +107,13 @@ __device__ __forceinline__ void store_out(OutT* p, int64_t i, float v) {
 }
 
 // ---- dequant.cu ------------------------------------------------------------------------
-// out[M, V] (row stride ldo) = x · Wᵀ by dequantize (when packed) + cuBLAS.
-void gemm_fallback(const Table& table, const TensorView& x, float* out, int64_t ldo);
+// out[M, V] (row stride ldo, f32/f16/bf16) = x · Wᵀ by dequantize (when packed) + cuBLAS.
+void gemm_fallback(const Table& table, const TensorView& x, void* out, DType out_dtype, int64_t ldo);
 
 // ---- ops_cuda.cu -------------------------------------------------------------------------
-// The logits of `plan` into out (row stride ldo).
+// The logits of `plan` into out (row stride ldo, dtype out_dtype: f32, f16 or bf16).
 void logits_into(const Table& table, const TensorView& x, const cuda_plan::LogitsProblem& problem,
-                 const cuda_plan::LogitsPlan& plan, float* out, int64_t ldo);
+                 const cuda_plan::LogitsPlan& plan, void* out, int64_t ldo, DType out_dtype = DType::kF32);
 
 // ---- topk_select.cu ----------------------------------------------------------------------
 // `dependent` (TopkPlan::dependent_launch): each selection kernel launched as a

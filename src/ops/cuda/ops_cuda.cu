@@ -97,13 +97,14 @@ void topk_lists(const Table& table, const TensorView& x, const LogitsProblem& pr
     b.tile_stride = plan.sample_stride;
     b.V = Vs;
     b.ldo = Vs;
-    b.out = reinterpret_cast<float*>(w);
+    float* sample_logits = reinterpret_cast<float*>(w);
+    b.out = sample_logits;
     LogitsProblem sp = problem;
     sp.tile_stride = plan.sample_stride;
     sp.V = Vs;
     launch(sp, b, *plan.sample);
-    float* thr = b.out + M * Vs;
-    list_thresholds(b.out, M, int(Vs), int(k), thr);
+    float* thr = sample_logits + M * Vs;
+    list_thresholds(sample_logits, M, int(Vs), int(k), thr);
     a.tk_thr = thr;
     a.x_frag_ready = true;  // the same activation layout as the main pass (128 columns)
   }
@@ -121,14 +122,15 @@ void topk_lists(const Table& table, const TensorView& x, const LogitsProblem& pr
 
 }  // namespace
 
-// Logits of `plan` into out (row stride ldo).
+// Logits of `plan` into out (row stride ldo, dtype out_dtype).
 void logits_into(const Table& table, const TensorView& x, const LogitsProblem& problem, const LogitsPlan& plan,
-                 float* out, int64_t ldo) {
+                 void* out, int64_t ldo, DType out_dtype) {
   if (problem.M == 0 || problem.V == 0) return;
-  if (plan.kernel == LogitsKernel::kCublasFallback) return gemm_fallback(table, x, out, ldo);
+  if (plan.kernel == LogitsKernel::kCublasFallback) return gemm_fallback(table, x, out, out_dtype, ldo);
   LogitsArgs a = kernel_args(table, x);
   a.out = out;
   a.ldo = ldo;
+  a.out_type = out_dtype == DType::kF16 ? kOutF16 : out_dtype == DType::kBF16 ? kOutBF16 : kOutF32;
   launch(problem, a, plan);
 }
 
@@ -183,7 +185,7 @@ LogitsPlan run_logits(const Table& table, const TensorView& x, const TensorView&
   check_act(x, "logits");
   const LogitsProblem problem = logits_problem(table, x);
   const LogitsPlan plan = cuda_plan::select_logits_kernel(problem, device_info(), ov, backend);
-  logits_into(table, x, problem, plan, out.ptr<float>(), table.vocab());
+  logits_into(table, x, problem, plan, out.data, table.vocab(), out.dtype);
   return plan;
 }
 
