@@ -906,6 +906,22 @@ TEST(Ops, LogitsStoredIn16Bit) {
     ASSERT_EQ(a16.dtype(), DType::kBF16);
     ASSERT_EQ(a16.shape(), (Shape{m, v}));
   }
+  // Values at the edges of f16: past its range (±inf), at the rounding to 65504 / inf, subnormal,
+  // below its smallest subnormal; 19 rows, so the 8-wide conversion has a tail. Row r of the dense
+  // table is val[r] / 32 in every column and x is ones: each logit is val[r] exactly.
+  const float val[19] = {1e5f, -1e5f, 65504.0f, 65519.0f, 65520.0f, -65520.0f, 6e-8f, 3e-5f, 1e-9f, -2.5f,
+                         0.1f, 1.0f / 3.0f, -7e-6f, 2049.0f, 2051.0f, 0.0f, -1e-9f, 5.96e-8f, 1e30f};
+  Tensor w = Tensor::empty(DType::kF32, {19, 32}), ones = Tensor::empty(DType::kF32, {1, 32});
+  for (int r = 0; r < 19; ++r)
+    for (int j = 0; j < 32; ++j) w.ptr<float>()[r * 32 + j] = val[r] / 32.0f;
+  for (int j = 0; j < 32; ++j) ones.ptr<float>()[j] = 1.0f;
+  const Table d = Table::dense(std::move(w));
+  const Tensor l16 = qhead::logits(d, ones.view(), DType::kF16);
+  for (int r = 0; r < 19; ++r)
+    EXPECT_EQ(l16.ptr<uint16_t>()[r], qhead::f32_to_f16(val[r])) << "logit " << val[r];
+  EXPECT_EQ(l16.ptr<uint16_t>()[0], 0x7c00);  // +inf
+  EXPECT_EQ(l16.ptr<uint16_t>()[4], 0x7c00);  // 65520 rounds to inf
+  EXPECT_EQ(l16.ptr<uint16_t>()[3], 0x7bff);  // 65519 to 65504
 }
 
 TEST(Ops, ConvenienceFormsAgree) {
