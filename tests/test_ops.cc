@@ -916,9 +916,11 @@ TEST(Ops, LogitsStoredIn16Bit) {
     for (int j = 0; j < 32; ++j) w.ptr<float>()[r * 32 + j] = val[r] / 32.0f;
   for (int j = 0; j < 32; ++j) ones.ptr<float>()[j] = 1.0f;
   const Table d = Table::dense(std::move(w));
-  const Tensor l16 = qhead::logits(d, ones.view(), DType::kF16);
-  for (int r = 0; r < 19; ++r)
+  const Tensor l16 = qhead::logits(d, ones.view(), DType::kF16), lb = qhead::logits(d, ones.view(), DType::kBF16);
+  for (int r = 0; r < 19; ++r) {
     EXPECT_EQ(l16.ptr<uint16_t>()[r], qhead::f32_to_f16(val[r])) << "logit " << val[r];
+    EXPECT_EQ(lb.ptr<uint16_t>()[r], qhead::f32_to_bf16(val[r])) << "logit " << val[r];
+  }
   EXPECT_EQ(l16.ptr<uint16_t>()[0], 0x7c00);  // +inf
   EXPECT_EQ(l16.ptr<uint16_t>()[4], 0x7c00);  // 65520 rounds to inf
   EXPECT_EQ(l16.ptr<uint16_t>()[3], 0x7bff);  // 65519 to 65504

@@ -48,8 +48,8 @@ Tensor embed(const Table& table, const TensorView& ids, DType out_dtype = DType:
 // logits: out[m, v] = Σ_j x[m, j] · w[v, j], accumulated in f32.
 //   x: F32/F16/BF16 [M, H];  out: F32/F16/BF16 [M, V], written. A 16-bit out
 //   holds the f32 logits rounded to nearest even (beyond the f16 range: ±inf),
-//   stored so by the CUDA kernels' epilogues; on the CPU the rows are computed
-//   in f32 blocks of 64 and rounded.
+//   stored so by the CUDA kernels' epilogues and by the CPU kernels per block
+//   of vocab rows.
 void logits(const Table& table, const TensorView& x, const TensorView& out,
             Backend backend = Backend::kAuto);
 Tensor logits(const Table& table, const TensorView& x, DType out_dtype = DType::kF32);

@@ -3,9 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
 #include <limits>
 #include <mutex>
 #include <string>
@@ -164,26 +161,8 @@ Tensor embed(const Table& table, const TensorView& ids, DType out_dtype) {
 }
 
 namespace {
-#if defined(__x86_64__)
-// n floats → f16, rounded to nearest even, 8 at a time by F16C (what f32_to_f16 computes).
-__attribute__((target("avx,f16c"))) void to_f16_f16c(const float* s, uint16_t* d, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-  for (; i < n; ++i) d[i] = f32_to_f16(s[i]);
-}
-#endif
-
-void to_f16(const float* s, uint16_t* d, int64_t n) {
-#if defined(__x86_64__)
-  static const bool f16c = __builtin_cpu_supports("f16c");
-  if (f16c) return to_f16_f16c(s, d, n);
-#endif
-  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(s[i]);
-}
-
-// CPU logits into a 16-bit out: blocks of rows computed in f32, then rounded.
+// The BLAS and reference logits into a 16-bit out: 64 activation rows at a time in f32, then
+// rounded (the fused kernels round each block of vocab rows themselves: cpu::logits).
 void logits_rounded(const Table& table, const TensorView& x, const TensorView& out, Backend backend) {
   constexpr int64_t kRows = 64;
   const int64_t M = x.size(0), V = table.vocab(), H = x.size(1);
@@ -196,10 +175,7 @@ void logits_rounded(const Table& table, const TensorView& x, const TensorView& o
     logits(table, xr, fr, backend);
     const float* src = f.ptr<float>();
     uint16_t* dst = static_cast<uint16_t*>(out.data) + r0 * V;
-    if (out.dtype == DType::kBF16)
-      for (int64_t i = 0; i < mc * V; ++i) dst[i] = f32_to_bf16(src[i]);
-    else
-      to_f16(src, dst, mc * V);
+    cpu::round_to_16bit(src, dst, mc * V, out.dtype);
   }
 }
 }  // namespace
@@ -214,9 +190,10 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
     fail(op, "out must have shape " + shape_str({x.size(0), table.vocab()}) + ", got " + shape_str(out.shape));
   if (table.has_col_perm()) return logits(table.stored_order(), permuted_x(table, x).view(), out, backend);
   if (table.device() == Device::kCUDA) return cuda_turn(cuda_ops::logits, table, x, out, backend);
-  if (out.dtype != DType::kF32) return logits_rounded(table, x, out, backend);
+  const bool f32 = out.dtype == DType::kF32;
   switch (backend) {
     case Backend::kFallbackBlas:
+      if (!f32) return logits_rounded(table, x, out, backend);
       blas::logits_fallback(table, x, out);
       return;
     case Backend::kAuto:
@@ -224,6 +201,7 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
       if (cpu::logits(table, x, out)) return;
       [[fallthrough]];
     case Backend::kReference:
+      if (!f32) return logits_rounded(table, x, out, Backend::kReference);
       ref::logits(table, x, out);
       return;
   }

@@ -25,6 +25,7 @@
 
 #if defined(QHEAD_HAVE_X86_KERNELS)
 #include <cpuid.h>
+#include <immintrin.h>
 #endif
 
 namespace qhead {
@@ -479,6 +480,56 @@ bool block_pass(const Table& table, const TensorView& x, std::vector<State>& st,
 
 }  // namespace
 
+namespace {
+// bf16 by nearest even, NaN kept quiet (f32_to_bf16), written branch-free so that it vectorizes.
+inline uint16_t bf16_rne(uint32_t b) {
+  const uint16_t r = uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+  return (b & 0x7fffffffu) > 0x7f800000u ? uint16_t((b >> 16) | 0x0040u) : r;
+}
+void to_bf16_plain(const float* s, uint16_t* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = bf16_rne(f32_to_bits(s[i]));
+}
+void to_f16_plain(const float* s, uint16_t* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(s[i]);
+}
+#if defined(QHEAD_HAVE_X86_KERNELS)
+__attribute__((target("avx2"))) void to_bf16_avx2(const float* s, uint16_t* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = bf16_rne(f32_to_bits(s[i]));
+}
+// f16 by F16C (vcvtps2ph, nearest even), 8 at a time.
+__attribute__((target("avx,f16c"))) void to_f16_f16c(const float* s, uint16_t* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) d[i] = f32_to_f16(s[i]);
+}
+#endif
+
+using RoundFn = void (*)(const float*, uint16_t*, int64_t);
+// The fastest rounding into t (F16 or BF16) this CPU runs.
+RoundFn round_fn(DType t) {
+  RoundFn fn = t == DType::kBF16 ? to_bf16_plain : to_f16_plain;
+#if defined(QHEAD_HAVE_X86_KERNELS)
+  static const bool avx2 = __builtin_cpu_supports("avx2"), f16c = __builtin_cpu_supports("f16c");
+  if (t == DType::kBF16 && avx2) fn = to_bf16_avx2;
+  if (t == DType::kF16 && f16c) fn = to_f16_f16c;
+#endif
+  return fn;
+}
+}  // namespace
+
+void round_to_16bit(const float* src, uint16_t* dst, int64_t n, DType t) {
+  const RoundFn fn = round_fn(t);
+  constexpr int64_t kPerTask = 32768;
+  if (n <= kPerTask) return fn(src, dst, n);
+  pool()->run((n + kPerTask - 1) / kPerTask, [&](int64_t task, int) {
+    const int64_t b = task * kPerTask;
+    fn(src + b, dst + b, std::min(kPerTask, n - b));
+  });
+}
+
+
 bool logits(const Table& table, const TensorView& x, const TensorView& out) {
   const KernelTable* k = kernels();
   PackedArgs a;
@@ -488,12 +539,19 @@ bool logits(const Table& table, const TensorView& x, const TensorView& out) {
   const PreparedX px(x, a, k);
   auto p = pool();
   std::vector<AVec<float>> scratch(static_cast<size_t>(p->size()));
-  float* o = out.ptr<float>();
+  // A 16-bit out: each block's f32 logits in a per-thread [m, kBlockRows] buffer, then rounded into out.
+  const bool f32 = out.dtype == DType::kF32;
+  const RoundFn round = f32 ? nullptr : round_fn(out.dtype);
+  std::vector<AVec<float>> blocks(f32 ? 0 : static_cast<size_t>(p->size()));
   p->run(n_blocks(v), [&](int64_t b, int w) {
     auto& s = scratch[static_cast<size_t>(w)];
     if (s.empty()) s.resize(static_cast<size_t>(px.scratch_floats));
     const int64_t r0 = b * kBlockRows, r1 = std::min(v, r0 + kBlockRows);
-    px.block(a, m, r0, r1, o + r0, v, s.data());
+    if (f32) return px.block(a, m, r0, r1, out.ptr<float>() + r0, v, s.data());
+    auto& blk = blocks[static_cast<size_t>(w)];
+    if (blk.empty()) blk.resize(static_cast<size_t>(m * kBlockRows));
+    px.block(a, m, r0, r1, blk.data(), kBlockRows, s.data());
+    for (int64_t i = 0; i < m; ++i) round(blk.data() + i * kBlockRows, out.ptr<uint16_t>() + i * v + r0, r1 - r0);
   }, sched());
   return true;
 }

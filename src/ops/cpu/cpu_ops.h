@@ -25,6 +25,7 @@ const char* int8_dot_name(Int8Dot d);  // "auto", "vnni", "maddubs"
 // The kernels kAuto runs now (null: the reference). For the benchmark.
 const KernelTable* active_kernels();
 
+// out: F32, or F16/BF16 (each block's f32 logits rounded to nearest even).
 bool logits(const Table& table, const TensorView& x, const TensorView& out);
 // inv_temperature: the top-k and log-sum-exp of the logits times it (the
 // sample op's l / T; 1: the logits).
@@ -36,6 +37,9 @@ bool topk(const Table& table, const TensorView& x, int64_t k, const TensorView& 
 bool sample_gumbel(const Table& table, const TensorView& x, float inv_temperature, uint64_t seed, uint64_t offset,
                    const TensorView& ids);
 bool embed(const Table& table, const TensorView& ids, const TensorView& out);
+// dst[i] = src[i] rounded to nearest even into t (F16 or BF16; the values of
+// f32_to_f16 / f32_to_bf16), n elements, over the worker pool.
+void round_to_16bit(const float* src, uint16_t* dst, int64_t n, DType t);
 bool rescore(const Table& dense, const TensorView& x, const TensorView& candidates, const TensorView& values,
              const TensorView& ids);
 
