@@ -45,30 +45,49 @@ __device__ __forceinline__ void fold_first(float (&acc)[NT][4], const float (&ca
   }
 }
 
-// A logit as stored: f32, or rounded to nearest even into f16 / bf16.
-template <class OT>
-__device__ __forceinline__ OT to_out(float v) {
-  if constexpr (std::is_same_v<OT, float>) return v;
-  else if constexpr (std::is_same_v<OT, __half>) return __float2half_rn(v);
-  else return __float2bfloat16_rn(v);
+// One logit into out[i] as a.out_type: f32, or rounded to nearest even to f16 / bf16 (the
+// choice is uniform over the grid; both 16-bit conversions are computed and one selected).
+__device__ __forceinline__ void put_logit(const LogitsArgs& a, int64_t i, float v) {
+  if (a.out_type == kOutF32) {
+    static_cast<float*>(a.out)[i] = v;
+  } else {
+    const __half h = __float2half_rn(v);
+    const __nv_bfloat16 b = __float2bfloat16_rn(v);
+    static_cast<unsigned short*>(a.out)[i] =
+        a.out_type == kOutF16 ? __half_as_ushort(h) : __bfloat16_as_ushort(b);
+  }
 }
 
-// The C fragments → out as OT.
-template <class OT, int RT, int NT>
-__device__ __forceinline__ void store_tile_as(const LogitsArgs& a, const float (&acc)[RT][NT][4], int64_t row0, int m0,
-                                              int g, int t) {
-  OT* const out = static_cast<OT*>(a.out);
-  if (row0 + RT * 16 <= a.V && m0 + NT * 8 <= a.M) {  // a whole tile: no bounds, one pointer per column pair
-    OT* p = out + int64_t(m0 + 2 * t) * a.ldo + row0 + g;
+// Plain logits: the C fragments → out.
+template <int RT, int NT>
+__device__ __forceinline__ void store_tile(const LogitsArgs& a, const float (&acc)[RT][NT][4], int64_t row0, int m0,
+                                           int g, int t) {
+  if (row0 + RT * 16 <= a.V && m0 + NT * 8 <= a.M) {  // a whole tile: no bounds, one offset per column pair
+    int64_t p = int64_t(m0 + 2 * t) * a.ldo + row0 + g;
+    if (a.out_type == kOutF32) {
+      float* o = static_cast<float*>(a.out);
 #pragma unroll
-    for (int n = 0; n < NT; ++n, p += 8 * a.ldo) {
-      OT* p1 = p + a.ldo;
+      for (int n = 0; n < NT; ++n, p += 8 * a.ldo) {
+        const int64_t p1 = p + a.ldo;
 #pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        p[r * 16] = to_out<OT>(acc[r][n][0]);
-        p1[r * 16] = to_out<OT>(acc[r][n][1]);
-        p[r * 16 + 8] = to_out<OT>(acc[r][n][2]);
-        p1[r * 16 + 8] = to_out<OT>(acc[r][n][3]);
+        for (int r = 0; r < RT; ++r) {
+          o[p + r * 16] = acc[r][n][0];
+          o[p1 + r * 16] = acc[r][n][1];
+          o[p + r * 16 + 8] = acc[r][n][2];
+          o[p1 + r * 16 + 8] = acc[r][n][3];
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < NT; ++n, p += 8 * a.ldo) {
+        const int64_t p1 = p + a.ldo;
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          put_logit(a, p + r * 16, acc[r][n][0]);
+          put_logit(a, p1 + r * 16, acc[r][n][1]);
+          put_logit(a, p + r * 16 + 8, acc[r][n][2]);
+          put_logit(a, p1 + r * 16 + 8, acc[r][n][3]);
+        }
       }
     }
     return;
@@ -80,24 +99,15 @@ __device__ __forceinline__ void store_tile_as(const LogitsArgs& a, const float (
     for (int n = 0; n < NT; ++n) {
       const int m = m0 + n * 8 + 2 * t;
       if (ra < a.V) {
-        if (m < a.M) out[int64_t(m) * a.ldo + ra] = to_out<OT>(acc[r][n][0]);
-        if (m + 1 < a.M) out[int64_t(m + 1) * a.ldo + ra] = to_out<OT>(acc[r][n][1]);
+        if (m < a.M) put_logit(a, int64_t(m) * a.ldo + ra, acc[r][n][0]);
+        if (m + 1 < a.M) put_logit(a, int64_t(m + 1) * a.ldo + ra, acc[r][n][1]);
       }
       if (rb < a.V) {
-        if (m < a.M) out[int64_t(m) * a.ldo + rb] = to_out<OT>(acc[r][n][2]);
-        if (m + 1 < a.M) out[int64_t(m + 1) * a.ldo + rb] = to_out<OT>(acc[r][n][3]);
+        if (m < a.M) put_logit(a, int64_t(m) * a.ldo + rb, acc[r][n][2]);
+        if (m + 1 < a.M) put_logit(a, int64_t(m + 1) * a.ldo + rb, acc[r][n][3]);
       }
     }
   }
-}
-
-// Plain logits: the C fragments → out, in a.out_type (one grid-uniform branch).
-template <int RT, int NT>
-__device__ __forceinline__ void store_tile(const LogitsArgs& a, const float (&acc)[RT][NT][4], int64_t row0, int m0,
-                                           int g, int t) {
-  if (a.out_type == kOutF32) store_tile_as<float>(a, acc, row0, m0, g, t);
-  else if (a.out_type == kOutF16) store_tile_as<__half>(a, acc, row0, m0, g, t);
-  else store_tile_as<__nv_bfloat16>(a, acc, row0, m0, g, t);
 }
 
 // A finished tile's summary per activation column (kStoreTiles): the max of
