@@ -20,6 +20,7 @@
 //               converting to f32 first is the dense row's work plus a copy
 //   fallback    qhead::logits_fallback: dequantize the whole table + SGEMM
 //   fused       qhead::logits (kAuto: the fused kernels of the best ISA)
+//   fused_act_out  the same into a bf16 out (each block's logits rounded)
 //   fused_topk  qhead::topk, k = cfg.k (the [M, V] logits are never written)
 //   sample, sample_top_k, sample_top_p  qhead::sample at T = 1 (whole vocab),
 //               with top_k = 50, and at T = 0.7 with top_p = 0.9
@@ -479,6 +480,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
       double t_fused = 0, t_topk = 0, t_int8 = 0, t_dense = 0, t_bf16 = 0, t_fallback = 0;
       double u_fused = 0, u_topk = 0, u_int8 = 0, u_dense = 0, u_bf16 = 0, u_fallback = 0;
       double t_gumbel = 0, t_nucleus = 0, t_topk50 = 0, u_gumbel = 0, u_nucleus = 0, u_topk50 = 0;
+      double t_bf16_out = 0, u_bf16_out = 0;
       double int8_err = 0, int8_max = 0, bf16_err = 0, bf16_max = 0;
       int64_t int8_top1 = 0;
     };
@@ -505,6 +507,13 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
             topk(packed[static_cast<size_t>(i) % packed.size()], x.view(), k, vals.view(), ids.view(), lse.view());
           },
           &r.u_fused, &r.u_topk);
+      // The same logits stored as bf16 (a torch model's head returns its activations' dtype).
+      {
+        Tensor out16 = Tensor::empty(DType::kBF16, {m, v});
+        r.t_bf16_out = time_median(cfg.reps, [&](int i) {
+          logits(packed[static_cast<size_t>(i) % packed.size()], x.view(), out16.view());
+        }, &r.u_bf16_out);
+      }
       // The sample op: full-vocabulary sampling at T = 1 (Gumbel-max fused
       // into the logits pass) and T = 0.7 with top_p = 0.9 (the candidates'
       // top-k, then the draw), alternately.
@@ -599,7 +608,7 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
       blas_ran = true;
     }
 
-    // The rows, per M: dense, dense_bf16, fallback, fused, fused_topk, fused_int8.
+    // The rows, per M: dense, dense_bf16, fallback, fused, fused_act_out, fused_topk, fused_int8.
     for (size_t mi = 0; mi < cfg.m.size(); ++mi) {
       const int64_t m = cfg.m[mi];
       const Result& q = res[mi];
@@ -631,6 +640,9 @@ std::vector<BenchRow> run_cpu_bench(const BenchConfig& cfg) {
       rows.push_back(row("fallback", q.t_fallback, packed_bytes, q.u_fallback,
                          "dequantize to f32 + OpenBLAS; " + packed_note));
       rows.push_back(row("fused", q.t_fused, packed_bytes, q.u_fused, fast + "; " + packed_note));
+      rows.push_back(row("fused_act_out", q.t_bf16_out, packed_bytes, q.u_bf16_out,
+                         fast + ", logits stored as bf16 (rounded to nearest even per block of vocab rows); " +
+                             packed_note));
       rows.push_back(row("fused_topk", q.t_topk, packed_bytes, q.u_topk,
                          fast + ", k = " + std::to_string(k) + "; " + packed_note));
       rows.push_back(row("sample", q.t_gumbel, packed_bytes, q.u_gumbel,
