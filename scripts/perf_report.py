@@ -318,13 +318,13 @@ def table_cpu(benches: list[dict]) -> list[str]:
             "—" if fma_rate is None else f"{fma_rate:.1f}",
             fmt_ms(dense), fmt_ms(ix.us(c, "fallback")), fmt_ms(fu),
             fmt_frac(None if fused is None else fused.get("bw_fraction")),
-            fmt_ratio(ratio(dense, fu)), fmt_ms(topk), fmt_frac(ratio(topk, fu)),
+            fmt_ratio(ratio(dense, fu)), fmt_ms(ix.us(c, "fused_act_out")), fmt_ms(topk), fmt_frac(ratio(topk, fu)),
             fmt_ms(int8), fmt_frac(ratio(int8, fu)), str(i),
         ])
     header = ["shape", "scheme", "M", "read ceiling GB/s", "FMA rate G/s", "dense f32 BLAS ms", "fallback ms",
-              "fused ms", "fused / read ceiling", "fused vs dense", "fused top-k ms", "top-k / fused",
-              "int8 mode ms", "int8 / fused", "run"]
-    align = ["l", "l"] + ["r"] * 13
+              "fused ms", "fused / read ceiling", "fused vs dense", "fused, bf16 out ms", "fused top-k ms",
+              "top-k / fused", "int8 mode ms", "int8 / fused", "run"]
+    align = ["l", "l"] + ["r"] * 14
     return table(header, align, rows) + [""] + runs_list(benches)
 
 
