@@ -511,9 +511,7 @@ using RoundFn = void (*)(const float*, uint16_t*, int64_t);
 RoundFn round_fn(DType t) {
   RoundFn fn = t == DType::kBF16 ? to_bf16_plain : to_f16_plain;
 #if defined(QHEAD_HAVE_X86_KERNELS)
-  static const bool avx2 = __builtin_cpu_supports("avx2"), f16c = __builtin_cpu_supports("f16c");
-  if (t == DType::kBF16 && avx2) fn = to_bf16_avx2;
-  if (t == DType::kF16 && f16c) fn = to_f16_f16c;
+  if (features().avx2) fn = t == DType::kBF16 ? to_bf16_avx2 : to_f16_f16c;  // AVX2 + FMA + F16C, OS YMM state
 #endif
   return fn;
 }
