@@ -69,6 +69,13 @@ void check_out(const TensorView& out, Device dev, DType dtype, const Shape& shap
     fail(op, std::string(name) + " must have shape " + shape_str(shape) + ", got " + shape_str(out.shape));
 }
 
+// An output of any float dtype (F32/F16/BF16) and the given shape.
+void check_float_out(const TensorView& out, Device dev, const Shape& shape, const char* op) {
+  check_on_device(out, dev, op, "out");
+  if (!is_float_dtype(out.dtype)) fail(op, std::string("out must be F32/F16/BF16, got ") + dtype_name(out.dtype));
+  if (out.shape != shape) fail(op, "out must have shape " + shape_str(shape) + ", got " + shape_str(out.shape));
+}
+
 // Every id in [0, v); throws naming the first bad one.
 void check_ids(const TensorView& ids, Device dev, int64_t v, const char* op, const char* name) {
   check_on_device(ids, dev, op, name);
@@ -130,10 +137,7 @@ void embed(const Table& table, const TensorView& ids, const TensorView& out, Bac
   check_table(table, op);
   check_dims(ids, 1, op, "ids");
   check_ids(ids, table.device(), table.vocab(), op, "ids");
-  check_on_device(out, table.device(), op, "out");
-  if (!is_float_dtype(out.dtype)) fail(op, std::string("out must be F32/F16/BF16, got ") + dtype_name(out.dtype));
-  if (out.shape != Shape{ids.size(0), table.hidden()})
-    fail(op, "out must have shape " + shape_str({ids.size(0), table.hidden()}) + ", got " + shape_str(out.shape));
+  check_float_out(out, table.device(), {ids.size(0), table.hidden()}, op);
   if (table.has_col_perm()) {  // gather in stored order, then put the columns back
     Tensor rows = alloc(table, out.dtype, out.shape);
     embed(table.stored_order(), ids, rows.view(), backend);
@@ -184,10 +188,7 @@ void logits(const Table& table, const TensorView& x, const TensorView& out, Back
   const char* op = "logits";
   check_table(table, op);
   check_x(table, x, op);
-  check_on_device(out, table.device(), op, "out");
-  if (!is_float_dtype(out.dtype)) fail(op, std::string("out must be F32/F16/BF16, got ") + dtype_name(out.dtype));
-  if (out.shape != Shape{x.size(0), table.vocab()})
-    fail(op, "out must have shape " + shape_str({x.size(0), table.vocab()}) + ", got " + shape_str(out.shape));
+  check_float_out(out, table.device(), {x.size(0), table.vocab()}, op);
   if (table.has_col_perm()) return logits(table.stored_order(), permuted_x(table, x).view(), out, backend);
   if (table.device() == Device::kCUDA) return cuda_turn(cuda_ops::logits, table, x, out, backend);
   const bool f32 = out.dtype == DType::kF32;

@@ -481,20 +481,15 @@ bool block_pass(const Table& table, const TensorView& x, std::vector<State>& st,
 }  // namespace
 
 namespace {
-// bf16 by nearest even, NaN kept quiet (f32_to_bf16), written branch-free so that it vectorizes.
-inline uint16_t bf16_rne(uint32_t b) {
-  const uint16_t r = uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-  return (b & 0x7fffffffu) > 0x7f800000u ? uint16_t((b >> 16) | 0x0040u) : r;
-}
 void to_bf16_plain(const float* s, uint16_t* d, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) d[i] = bf16_rne(f32_to_bits(s[i]));
+  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
 }
 void to_f16_plain(const float* s, uint16_t* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(s[i]);
 }
 #if defined(QHEAD_HAVE_X86_KERNELS)
 __attribute__((target("avx2"))) void to_bf16_avx2(const float* s, uint16_t* d, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) d[i] = bf16_rne(f32_to_bits(s[i]));
+  for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(s[i]);
 }
 // f16 by F16C (vcvtps2ph, nearest even), 8 at a time.
 __attribute__((target("avx,f16c"))) void to_f16_f16c(const float* s, uint16_t* d, int64_t n) {
@@ -526,7 +521,6 @@ void round_to_16bit(const float* src, uint16_t* dst, int64_t n, DType t) {
     fn(src + b, dst + b, std::min(kPerTask, n - b));
   });
 }
-
 
 bool logits(const Table& table, const TensorView& x, const TensorView& out) {
   const KernelTable* k = kernels();
