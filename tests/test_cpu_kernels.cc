@@ -558,7 +558,7 @@ TEST(CpuKernelsInt8, Int8DotProductsAgree) {
     if (!cpu_int8_available() || cpu::int8_dot() != cpu::Int8Dot::kVnni) continue;
     for (int bits : {4, 8})
       for (bool sym : {true, false})
-        for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{17}}) {
+        for (int64_t m : {int64_t{1}, int64_t{3}, int64_t{12}, int64_t{17}}) {
           const QuantScheme s = make_scheme(bits, 64, sym, DType::kBF16);
           const Table t = Table::packed(random_packed(1003, 576, s, 41 + uint64_t(bits) + uint64_t(m)));
           const Tensor x = random_tensor(DType::kF16, m, 576, 42 + uint64_t(m), -4.0, 4.0);
@@ -584,7 +584,10 @@ TEST(CpuKernelsInt8, Int8DotProductsAgree) {
 TEST(CpuKernelsInt8, LogitsSweepSmallShapes) {
   const auto paths = int8_paths();
   if (paths.empty()) GTEST_SKIP() << "no CPU path with the int8 mode here";
-  const std::vector<Case> cases = {{1, 64, 1}, {3, 576, 3}, {67, 64, 17}, {3, 64, 256}, {50, 160, 2}};
+  // M = 7 and 12 reach the quad form's blocks of 4 (AVX-512), 17 and 256
+  // its blocks of 8; H = 96 and 160 end in a partial chunk for both widths.
+  const std::vector<Case> cases = {{1, 64, 1},  {3, 576, 3},  {67, 64, 17}, {3, 64, 256},
+                                   {50, 160, 2}, {5, 96, 7}, {66, 576, 12}, {5, 160, 7}};
   const DType scale_dtypes[] = {DType::kF16, DType::kBF16, DType::kF32};
   int n = 0;
   double worst = 0.0;
@@ -671,7 +674,7 @@ TEST(CpuKernelsInt8, LogitsLargeVocabSampled) {
 TEST(CpuKernelsInt8, ZeroAndSpreadBlocks) {
   const auto paths = int8_paths();
   if (paths.empty()) GTEST_SKIP() << "no CPU path with the int8 mode here";
-  const int64_t v = 131, h = 256, m = 3;
+  const int64_t v = 131, h = 256, m = 5;  // rows 0-3 in a block of 4, row 4 alone
   Tensor x = random_tensor(DType::kF32, m, h, 8);
   float* xp = x.ptr<float>();
   for (int64_t j = 0; j < h; ++j) xp[j] = 0.0f;  // row 0: all zero
@@ -705,7 +708,7 @@ TEST(CpuKernelsInt8, ZeroAndSpreadBlocks) {
 TEST(CpuKernelsInt8, ThreadCountsAndTopkConsistent) {
   const auto paths = int8_paths();
   if (paths.empty()) GTEST_SKIP() << "no CPU path with the int8 mode here";
-  const int64_t v = big_v(50257), h = 128, m = 3, k = 50;
+  const int64_t v = big_v(50257), h = 128, m = 7, k = 50;  // blocks of 4, 2 and 1 activation rows
   for (bool sym : {true, false}) {
     const QuantScheme s = make_scheme(4, 64, sym, DType::kF16);
     const Table t = Table::packed(random_packed(v, h, s, 55));

@@ -316,9 +316,9 @@ AVec<float> prepare_x(const TensorView& x, const PackedArgs& a, const KernelTabl
 // with the packed bytes, plus per-lane block scales, per-lane Σq (and its
 // multiple by the symmetric offset) and the lanes' weight-group indices.
 struct Int8Acts {
-  AVec<int8_t> q;
-  AVec<float> sx;
-  AVec<int32_t> t, nt, gidx;
+  AVec<int8_t> q, qq;
+  AVec<float> sx, sxq;
+  AVec<int32_t> t, nt, gidx, tq, ntq, gidxq;
   std::vector<int64_t> g0;
   Int8X view;
 };
@@ -380,6 +380,45 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
     for (int64_t l = 0; l < lanes; ++l)
       r.gidx[static_cast<size_t>(c * lanes + l)] =
           static_cast<int32_t>(std::min((c * ce + l * per_lane) / a.group_len, a.groups - 1) - g0);
+  }
+  if (k.int8_quad && m >= 4) {
+    // The quad form (kernels.h Int8X::qq): per chunk, lanes / 4 spans of
+    // ce·4 / lanes elements; lane 4·span + i holds activation row 4·Q + i.
+    const int64_t nv = a.bits == 4 ? 8 : 4, vb = 4 * lanes, span = ce * 4 / lanes, nq = (m + 3) / 4;
+    r.qq.assign(static_cast<size_t>(nch * nq * nv * vb), 0);
+    r.sxq.assign(static_cast<size_t>(nch * nq * lanes), 0.0f);
+    r.tq.assign(static_cast<size_t>(nch * nq * lanes), 0);
+    r.ntq.assign(static_cast<size_t>(nch * nq * lanes), 0);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t c = 0; c < nch; ++c) {
+        const int64_t at = c * nq + i / 4;
+        for (int64_t sp = 0; sp < lanes / 4; ++sp) {
+          const int64_t e0 = c * ce + sp * span;  // the span's first element
+          if (e0 >= h) break;                     // past H: zeros
+          const size_t l = static_cast<size_t>(at * lanes + 4 * sp + i % 4);
+          for (int64_t v = 0; v < nv; ++v)
+            for (int64_t b = 0; b < 4; ++b) {
+              const int64_t j = v % 4, e = e0 + (a.bits == 4 ? 8 * j + 2 * b + v / 4 : 4 * j + b);
+              if (e >= h) continue;
+              const int8_t val = qn[static_cast<size_t>(i * h + e)];
+              r.qq[static_cast<size_t>(at * nv + v) * static_cast<size_t>(vb) + l % static_cast<size_t>(lanes) * 4 + static_cast<size_t>(b)] = val;
+              r.tq[l] += val;
+            }
+          r.sxq[l] = sb[static_cast<size_t>((i * h + e0) / 32)];
+          r.ntq[l] = -half * r.tq[l];
+        }
+      }
+    r.gidxq.assign(static_cast<size_t>(nch * lanes), 0);
+    for (int64_t c = 0; c < nch; ++c)
+      for (int64_t l = 0; l < lanes; ++l)
+        r.gidxq[static_cast<size_t>(c * lanes + l)] = static_cast<int32_t>(
+            std::min((c * ce + (l / 4) * span) / a.group_len, a.groups - 1) - r.g0[static_cast<size_t>(c)]);
+    r.view.qq = r.qq.data();
+    r.view.sxq = r.sxq.data();
+    r.view.tq = r.tq.data();
+    r.view.ntq = r.ntq.data();
+    r.view.gidxq = r.gidxq.data();
+    r.view.nquads = nq;
   }
   const int64_t tail = h - (nch - 1) * ce;  // elements of the last chunk
   r.view.q = r.q.data();

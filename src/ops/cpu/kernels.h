@@ -57,6 +57,24 @@ struct Int8X {
   const int64_t* g0 = nullptr;    // [nch] the first weight group of chunk k
   int64_t nch = 0;              // chunks per row: ceil(H / CE)
   int64_t tail_bytes = 0;       // packed bytes of the last chunk of a row (a full chunk: 4·lanes)
+  // The quad form (KernelTable::int8_quad; blocks of 4 and 8 activation
+  // rows): lane 4s + i of a vector belongs to the chunk's 16-byte packed
+  // span s (4-bit: one x block of 32 elements; 8-bit: 16 elements, half of
+  // one) and activation row 4·Q + i of quad Q (rows past M are zeros).
+  //   qq    [nch][nquads][NV][4·lanes] bytes: vector v pairs with packed
+  //         dword j = v mod 4 of each span — 4-bit (NV = 8): v = 4h + j holds
+  //         the span's elements 8j + 2b + h (h = 0 the low nibbles, 1 the
+  //         high ones) in byte b = 0..3 of the lane; 8-bit (NV = 4): 4j + b;
+  //   sxq   [nch][nquads][lanes] the span's block scale s_b (0 past H or M);
+  //   tq    [nch][nquads][lanes] Σ q over the span; ntq: -2^(b-1) · tq;
+  //   gidxq [nch][lanes] the span's weight group minus g0[k] (clamped to the row).
+  // Null when the call has no such block.
+  const int8_t* qq = nullptr;
+  const float* sxq = nullptr;
+  const int32_t* tq = nullptr;
+  const int32_t* ntq = nullptr;
+  const int32_t* gidxq = nullptr;
+  int64_t nquads = 0;             // ceil(M / 4)
 };
 
 // The rows a logits kernel call handles at most (the scratch it needs is
@@ -139,6 +157,10 @@ struct KernelTable {
   void (*logits_block_int8)(const PackedArgs& a, const Int8X& x, int64_t m, int64_t r0, int64_t r1, float* out,
                             int64_t ldo, float* scratch);
   int int8_vnni;
+  // 1: the int8 kernels take blocks of 4 and 8 activation rows in the quad
+  // form (Int8X::qq ..., which the caller then prepares); 0: every block in
+  // the lane form.
+  int int8_quad;
   void (*logits_block_int8_madd)(const PackedArgs& a, const Int8X& x, int64_t m, int64_t r0, int64_t r1,
                                  float* out, int64_t ldo, float* scratch);
   // The sample op's Gumbel noise (src/ops/sample.h) of columns 4·g0 ..

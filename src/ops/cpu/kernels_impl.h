@@ -743,6 +743,14 @@ inline VI vmaddubs(VI u, VI s) { return _mm512_maddubs_epi16(u, s); }
 inline VF vperm_f(VF v, VI idx) { return _mm512_permutexvar_ps(idx, v); }
 inline VI vcvt_i(VF v) { return _mm512_cvtps_epi32(v); }
 template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 4 : MB == 2 ? 4 : MB == 4 ? 3 : 2;
+// The quad form of the int8 kernels (kernels_int8.h) for blocks of 2 and more
+// activation rows.
+constexpr int kInt8Quad = 1;
+// i = 0..3: Σ over the spans s of lane 4s + i, in a fixed order.
+inline __m128 sum_quads(VF v) {
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
 #define QHEAD_VNNI_TARGET __attribute__((target("avx512vnni")))
 #define QHEAD_VNNI_DPBUSD _mm512_dpbusd_epi32
 constexpr int kInt8Vnni = 1;  // AVX512_VNNI
@@ -768,6 +776,7 @@ inline VI vcvt_i(VF v) { return _mm256_cvtps_epi32(v); }
 // row, 533-536 with 2 (GCC spills some of the 2-row tile's registers, but
 // each activation vector then serves two rows).
 template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 4 : 2;
+constexpr int kInt8Quad = 0;  // 16 registers: no room for a quad's codes and eight accumulators
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
 #define QHEAD_VNNI_TARGET __attribute__((target("avxvnni")))
 #define QHEAD_VNNI_DPBUSD _mm256_dpbusd_avx_epi32
@@ -784,6 +793,18 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline VI dot4x2(VI acc, VI u0,
   return QHEAD_VNNI_DPBUSD(QHEAD_VNNI_DPBUSD(acc, u0, s0), u1, s1);
 }
 QHEAD_INT8_TARGET __attribute__((always_inline)) inline VI dot8(VI acc, VI u, VI s) { return QHEAD_VNNI_DPBUSD(acc, u, s); }
+// The quad form's sum of one lane set: start(t), then add(v, u, x) for the
+// NV x vectors, then finish(). 8-bit codes stay whole.
+constexpr bool kQuadSplit8 = false;
+template <int BITS>
+struct QuadSum {
+  VI d;
+  QHEAD_INT8_TARGET __attribute__((always_inline)) void start(VI t) { d = t; }
+  QHEAD_INT8_TARGET __attribute__((always_inline)) void add(int v, const VI (&u)[8], VI x) {
+    d = QHEAD_VNNI_DPBUSD(d, u[v], x);
+  }
+  QHEAD_INT8_TARGET __attribute__((always_inline)) VI finish() const { return d; }
+};
 #include "ops/cpu/kernels_int8.h"
 #undef QHEAD_INT8_TARGET
 }  // namespace int8_vnni
@@ -801,6 +822,29 @@ __attribute__((always_inline)) inline VI dot8(VI acc, VI u, VI s) {
   const VI lo = vand_i(u, nib), hi = vand_i(vsrl16_4(u), nib);
   return vadd_i(vadd_i(acc, vmadd16(vmaddubs(lo, s), vset_i16(1))), vmadd16(vmaddubs(hi, s), vset_i16(16)));
 }
+// The quad form: 8-bit codes split into nibbles once per chunk (u[j] the
+// low, u[4 + j] the high ones of packed dword j). A lane's int16 pair sums
+// are added before one vpmaddwd: 4-bit, eight of at most 2·15·127 = 3810
+// (30480 < 2^15); 8-bit, four per nibble half (15240), the high half
+// weighted by 16 in vpmaddwd.
+constexpr bool kQuadSplit8 = true;
+template <int BITS>
+struct QuadSum {
+  VI d, lo, hi;
+  __attribute__((always_inline)) void start(VI t) { d = t; }
+  __attribute__((always_inline)) void add(int v, const VI (&u)[8], VI x) {
+    const VI p = vmaddubs(u[v], x);
+    lo = v == 0 ? p : vadd_i16(lo, p);
+    if constexpr (BITS == 8) {
+      const VI ph = vmaddubs(u[4 + v], x);
+      hi = v == 0 ? ph : vadd_i16(hi, ph);
+    }
+  }
+  __attribute__((always_inline)) VI finish() const {
+    if constexpr (BITS == 4) return vadd_i(d, vmadd16(lo, vset_i16(1)));
+    return vadd_i(vadd_i(d, vmadd16(lo, vset_i16(1))), vmadd16(hi, vset_i16(16)));
+  }
+};
 #include "ops/cpu/kernels_int8.h"
 #undef QHEAD_INT8_TARGET
 }  // namespace int8_madd
@@ -1095,7 +1139,7 @@ constexpr auto* kLogitsInt8 = static_cast<decltype(KernelTable::logits_block_int
 
 const KernelTable kTable = {
     QHEAD_ISA_NAME, Deq4::CE, Deq8::CE, 8 * W, 4 * W, kPlane4, kMbMax, &logits_block, kLogitsInt8, kInt8Vnni,
-    &int8_madd::logits_block_int8, &gumbel_noise,
+    kInt8Quad, &int8_madd::logits_block_int8, &gumbel_noise,
     &dequant_row, &topk_block, &dot_dense, &fma_burn, &read_sum, W,
 };
 

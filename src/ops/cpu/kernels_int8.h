@@ -109,6 +109,119 @@ QHEAD_INT8_TARGET void rows_int8(const PackedArgs& a, const Int8X& x, int64_t m0
   }
 }
 
+#if defined(QHEAD_ISA_AVX512)
+// ---- the quad form (blocks of 4 and 8 activation rows) ----
+//
+// In the lane form above each int32 lane sums the 8 (4-bit) or 4 (8-bit)
+// products of one packed dword, so the f32 epilogue (convert, s_b·s_g,
+// FMA) follows every one (8-bit) or two (4-bit) dot instructions. Here lane
+// 4s + i of a vector belongs to the chunk's 16-byte span s and activation
+// row i of a quad of four: the row's packed dword j of span s is repeated in
+// the span's four lanes (vpshufd), and Int8X::qq holds the four activation
+// rows' matching bytes. The four (4-bit: eight) dot instructions of a chunk
+// then add into the same lanes, each lane holds a whole x block (4-bit) or
+// half of one (8-bit) of one activation row, and one epilogue follows them
+// all. The integers are the lane form's, summed in another order, so the
+// mode's bound holds as before.
+template <int BITS, int RT, int NQ, bool SYM, bool PARTIAL, bool PF>
+QHEAD_INT8_TARGET __attribute__((always_inline)) inline void quad_chunk(VF (&acc)[RT][NQ], const uint8_t* p0,
+                                                                        int64_t rb, const float* sc, const float* zc,
+                                                                        int64_t G, const Int8X& x, int64_t q0,
+                                                                        int64_t k, const uint8_t* pf) {
+  constexpr int CB = 4 * W;              // packed bytes per chunk and row
+  constexpr int NV = BITS == 4 ? 8 : 4;  // x vectors per chunk and quad
+  constexpr bool SPLIT = BITS == 4 || kQuadSplit8;
+  const VI nib = vset_i8(0x0F);
+  const VI gi = vload_i(x.gidxq + k * W);
+  const int64_t g0 = x.g0[k];
+  VI u[RT][8], zl[RT];
+  VF sg[RT];
+  QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
+    const uint8_t* q = p0 + r * rb + k * CB;
+    if constexpr (PF) _mm_prefetch(reinterpret_cast<const char*>(pf + k * CB * RT + r * CB), _MM_HINT_T0);
+    VI b;
+    if constexpr (PARTIAL)
+      b = vload_bytes_partial(q, x.tail_bytes);
+    else
+      b = vload_i(q);
+    auto spread = [](VI c, VI (&o)[8], int at) {  // dword j of each span into the span's four lanes
+      o[at] = _mm512_shuffle_epi32(c, _MM_PERM_AAAA);
+      o[at + 1] = _mm512_shuffle_epi32(c, _MM_PERM_BBBB);
+      o[at + 2] = _mm512_shuffle_epi32(c, _MM_PERM_CCCC);
+      o[at + 3] = _mm512_shuffle_epi32(c, _MM_PERM_DDDD);
+    };
+    if constexpr (SPLIT) {
+      spread(vand_i(b, nib), u[r], 0);
+      spread(vand_i(vsrl16_4(b), nib), u[r], 4);
+    } else {
+      spread(b, u[r], 0);
+    }
+    sg[r] = vperm_f(vload(sc + r * G + g0), gi);
+    if constexpr (!SYM)
+      zl[r] = vand_i(vsub_i(vzero_i(), vcvt_i(vperm_f(vload(zc + r * G + g0), gi))), vset_i(0xFFFF));
+  }
+  QHEAD_UNROLL for (int qd = 0; qd < NQ; ++qd) {
+    const int64_t at = k * x.nquads + q0 + qd;
+    const int8_t* xq = x.qq + at * NV * CB;
+    const VI t = vload_i((SYM ? x.ntq : x.tq) + at * W);
+    QuadSum<BITS> d[RT];
+    QHEAD_UNROLL for (int r = 0; r < RT; ++r) d[r].start(SYM ? t : vmadd16(t, zl[r]));
+    QHEAD_UNROLL for (int v = 0; v < NV; ++v) {
+      VI xv = vload_i(xq + v * CB);
+      __asm__("" : "+v"(xv));  // one load for the RT rows, not a memory operand each
+      QHEAD_UNROLL for (int r = 0; r < RT; ++r) d[r].add(v, u[r], xv);
+    }
+    const VF sx = vload(x.sxq + at * W);
+    QHEAD_UNROLL for (int r = 0; r < RT; ++r) acc[r][qd] = vfma(vcvt(d[r].finish()), vmul(sx, sg[r]), acc[r][qd]);
+  }
+}
+
+// R rows from row i of the block against the quads of activation rows m0 ..
+// m0+4·NQ-1 (m0 a multiple of 4; rows past M are not stored).
+template <int BITS, int R, int NQ, bool SYM>
+QHEAD_INT8_TARGET __attribute__((always_inline)) inline void quad_tile(const PackedArgs& a, const Int8X& x, int64_t m0,
+                                                                       int64_t m_end, int64_t r0, int64_t i,
+                                                                       const float* sc, const float* zc, float* out,
+                                                                       int64_t ldo, int64_t pf, int64_t full,
+                                                                       bool partial) {
+  const int64_t G = a.groups, q0 = m0 / 4;
+  const uint8_t* p = a.packed + (r0 + i) * a.row_bytes;
+  const float* s = sc + i * G;
+  const float* z = zc + i * G;
+  VF acc[R][NQ];
+  QHEAD_UNROLL for (int r = 0; r < R; ++r)
+    QHEAD_UNROLL for (int qd = 0; qd < NQ; ++qd) acc[r][qd] = vzero();
+  if (pf) {
+    for (int64_t k = 0; k < full; ++k)
+      quad_chunk<BITS, R, NQ, SYM, false, true>(acc, p, a.row_bytes, s, z, G, x, q0, k, p + pf);
+    if (partial) quad_chunk<BITS, R, NQ, SYM, true, true>(acc, p, a.row_bytes, s, z, G, x, q0, full, p + pf);
+  } else {
+    for (int64_t k = 0; k < full; ++k) quad_chunk<BITS, R, NQ, SYM, false, false>(acc, p, a.row_bytes, s, z, G, x, q0, k, p);
+    if (partial) quad_chunk<BITS, R, NQ, SYM, true, false>(acc, p, a.row_bytes, s, z, G, x, q0, full, p);
+  }
+  QHEAD_UNROLL for (int r = 0; r < R; ++r)
+    QHEAD_UNROLL for (int qd = 0; qd < NQ; ++qd) {
+      alignas(16) float v[4];
+      _mm_store_ps(v, sum_quads(acc[r][qd]));
+      for (int i4 = 0; i4 < 4; ++i4)
+        if (m0 + 4 * qd + i4 < m_end) out[(m0 + 4 * qd + i4) * ldo + i + r] = v[i4];
+    }
+}
+
+// Rows [r0, r0 + n) against activation rows m0 .. m0+4·NQ-1, two rows at a time.
+template <int BITS, int NQ, bool SYM>
+QHEAD_INT8_TARGET void rows_quad(const PackedArgs& a, const Int8X& x, int64_t m0, int64_t r0, int64_t n,
+                                 const float* sc, const float* zc, float* out, int64_t ldo) {
+  constexpr int RT = 2;
+  const int64_t pf = m0 == 0 ? a.prefetch_bytes : 0;
+  const bool partial = x.tail_bytes != 4 * W;
+  const int64_t full = x.nch - (partial ? 1 : 0), m_end = m0 + 4 * NQ;
+  int64_t i = 0;
+  for (; i + RT <= n; i += RT) quad_tile<BITS, RT, NQ, SYM>(a, x, m0, m_end, r0, i, sc, zc, out, ldo, pf, full, partial);
+  for (; i < n; ++i) quad_tile<BITS, 1, NQ, SYM>(a, x, m0, m_end, r0, i, sc, zc, out, ldo, pf, full, partial);
+}
+#endif
+
 template <int BITS, bool SYM>
 QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, int64_t m_total, int64_t r0,
                                            int64_t r1, float* out, int64_t ldo, float* scratch) {
@@ -120,12 +233,21 @@ QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, 
   if constexpr (!SYM) load_zero_codes(a, r0, n, zc);
   for (int64_t m = 0; m < m_total;) {
     const int64_t mb = m_block(m_total - m);
+#if defined(QHEAD_ISA_AVX512)
+    switch (mb) {
+      case 8: rows_quad<BITS, 2, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
+      case 4: rows_quad<BITS, 1, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
+      case 2: rows_int8<BITS, 2, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
+      default: rows_int8<BITS, 1, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
+    }
+#else
     switch (mb) {
       case 8: rows_int8<BITS, 8, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
       case 4: rows_int8<BITS, 4, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
       case 2: rows_int8<BITS, 2, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
       default: rows_int8<BITS, 1, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
     }
+#endif
     m += mb;
   }
 }
