@@ -7,6 +7,29 @@
 // int32 lane (dot4x2: of both pairs (u0, s0) and (u1, s1), eight products),
 // exactly. No include guard: it is meant to be included twice.
 
+// Row bytes of chunk k at q (the partial last chunk by a masked load, nothing
+// past the row), after prefetching pf + off (PF; pf may be null otherwise):
+// the row's share of the stream ahead.
+template <bool PARTIAL, bool PF>
+QHEAD_INT8_TARGET __attribute__((always_inline)) inline VI load_chunk(const uint8_t* q, const uint8_t* pf, int64_t off,
+                                                                      const Int8X& x) {
+  if constexpr (PF) _mm_prefetch(reinterpret_cast<const char*>(pf + off), _MM_HINT_T0);
+  if constexpr (PARTIAL)
+    return vload_bytes_partial(q, x.tail_bytes);
+  else
+    return vload_i(q);
+}
+
+// A row's weight scale per lane (gi: each lane's group minus the chunk's
+// first, into the row's scales s) and, with zero points, (-zc) in the low 16
+// bits of each lane, 0 above: vpmaddwd's operand.
+template <bool SYM>
+QHEAD_INT8_TARGET __attribute__((always_inline)) inline void lane_scales(const float* s, const float* z, VI gi, VF& sg,
+                                                                         VI& zl) {
+  sg = vperm_f(vload(s), gi);
+  if constexpr (!SYM) zl = vand_i(vsub_i(vzero_i(), vcvt_i(vperm_f(vload(z), gi))), vset_i(0xFFFF));
+}
+
 // One chunk k of the RT consecutive rows at p0 (row stride rb) against the
 // activation rows m0 .. m0+MB-1, into acc. sc / zc: the tile's scales and
 // zero codes (row stride G), readable W floats past the tile's last value.
@@ -25,22 +48,14 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void int8_chunk(VF (&acc
   VI u0[RT], u1[RT], zl[RT];
   VF sg[RT];
   QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
-    const uint8_t* q = p0 + r * rb + k * CB;
-    if constexpr (PF) _mm_prefetch(reinterpret_cast<const char*>(pf + k * CB * RT + r * CB), _MM_HINT_T0);
-    VI b;
-    if constexpr (PARTIAL)
-      b = vload_bytes_partial(q, x.tail_bytes);
-    else
-      b = vload_i(q);
+    const VI b = load_chunk<PARTIAL, PF>(p0 + r * rb + k * CB, pf, k * CB * RT + r * CB, x);
     if constexpr (BITS == 4) {
       u0[r] = vand_i(b, nib);            // low nibbles: the chunk's even elements
       u1[r] = vand_i(vsrl16_4(b), nib);  // high nibbles: the odd ones
     } else {
       u0[r] = b;
     }
-    sg[r] = vperm_f(vload(sc + r * G + g0), gi);  // each lane's weight scale s_g
-    if constexpr (!SYM)  // (-zc) in the low 16 bits of each lane, 0 above: vpmaddwd's operand
-      zl[r] = vand_i(vsub_i(vzero_i(), vcvt_i(vperm_f(vload(zc + r * G + g0), gi))), vset_i(0xFFFF));
+    lane_scales<SYM>(sc + r * G + g0, zc + r * G + g0, gi, sg[r], zl[r]);
   }
   const int64_t at = k * x.m + m0;  // this chunk's data of activation row m0; rows m0+1.. follow
   const int8_t* xq = x.q + at * CE;
@@ -137,13 +152,7 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void quad_chunk(VF (&acc
   VI u[RT][8], zl[RT];
   VF sg[RT];
   QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
-    const uint8_t* q = p0 + r * rb + k * CB;
-    if constexpr (PF) _mm_prefetch(reinterpret_cast<const char*>(pf + k * CB * RT + r * CB), _MM_HINT_T0);
-    VI b;
-    if constexpr (PARTIAL)
-      b = vload_bytes_partial(q, x.tail_bytes);
-    else
-      b = vload_i(q);
+    const VI b = load_chunk<PARTIAL, PF>(p0 + r * rb + k * CB, pf, k * CB * RT + r * CB, x);
     auto spread = [](VI c, VI (&o)[8], int at) {  // dword j of each span into the span's four lanes
       o[at] = _mm512_shuffle_epi32(c, _MM_PERM_AAAA);
       o[at + 1] = _mm512_shuffle_epi32(c, _MM_PERM_BBBB);
@@ -156,9 +165,7 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void quad_chunk(VF (&acc
     } else {
       spread(b, u[r], 0);
     }
-    sg[r] = vperm_f(vload(sc + r * G + g0), gi);
-    if constexpr (!SYM)
-      zl[r] = vand_i(vsub_i(vzero_i(), vcvt_i(vperm_f(vload(zc + r * G + g0), gi))), vset_i(0xFFFF));
+    lane_scales<SYM>(sc + r * G + g0, zc + r * G + g0, gi, sg[r], zl[r]);
   }
   QHEAD_UNROLL for (int qd = 0; qd < NQ; ++qd) {
     const int64_t at = k * x.nquads + q0 + qd;
@@ -233,21 +240,17 @@ QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, 
   if constexpr (!SYM) load_zero_codes(a, r0, n, zc);
   for (int64_t m = 0; m < m_total;) {
     const int64_t mb = m_block(m_total - m);
-#if defined(QHEAD_ISA_AVX512)
     switch (mb) {
+#if defined(QHEAD_ISA_AVX512)  // blocks of 4 and 8 in the quad form (kInt8Quad)
       case 8: rows_quad<BITS, 2, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
       case 4: rows_quad<BITS, 1, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
-      case 2: rows_int8<BITS, 2, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
-      default: rows_int8<BITS, 1, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
-    }
 #else
-    switch (mb) {
       case 8: rows_int8<BITS, 8, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
       case 4: rows_int8<BITS, 4, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
+#endif
       case 2: rows_int8<BITS, 2, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
       default: rows_int8<BITS, 1, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
     }
-#endif
     m += mb;
   }
 }
