@@ -743,9 +743,11 @@ inline VI vmaddubs(VI u, VI s) { return _mm512_maddubs_epi16(u, s); }
 inline VF vperm_f(VF v, VI idx) { return _mm512_permutexvar_ps(idx, v); }
 inline VI vcvt_i(VF v) { return _mm512_cvtps_epi32(v); }
 template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 4 : MB == 2 ? 4 : MB == 4 ? 3 : 2;
-// The quad form of the int8 kernels (kernels_int8.h) for blocks of 2 and more
+// The quad form of the int8 kernels (kernels_int8.h) for blocks of 4 and 8
 // activation rows.
 constexpr int kInt8Quad = 1;
+// Dword J of each 128-bit lane into the lane's four dwords.
+template <int J> inline VI spread_dword(VI v) { return _mm512_shuffle_epi32(v, static_cast<_MM_PERM_ENUM>(J * 0x55)); }
 // i = 0..3: Σ over the spans s of lane 4s + i, in a fixed order.
 inline __m128 sum_quads(VF v) {
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -776,7 +778,9 @@ inline VI vcvt_i(VF v) { return _mm256_cvtps_epi32(v); }
 // row, 533-536 with 2 (GCC spills some of the 2-row tile's registers, but
 // each activation vector then serves two rows).
 template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 4 : 2;
-constexpr int kInt8Quad = 0;  // 16 registers: no room for a quad's codes and eight accumulators
+constexpr int kInt8Quad = 1;
+template <int J> inline VI spread_dword(VI v) { return _mm256_shuffle_epi32(v, J * 0x55); }
+inline __m128 sum_quads(VF v) { return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); }
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
 #define QHEAD_VNNI_TARGET __attribute__((target("avxvnni")))
 #define QHEAD_VNNI_DPBUSD _mm256_dpbusd_avx_epi32

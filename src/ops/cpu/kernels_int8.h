@@ -124,7 +124,6 @@ QHEAD_INT8_TARGET void rows_int8(const PackedArgs& a, const Int8X& x, int64_t m0
   }
 }
 
-#if defined(QHEAD_ISA_AVX512)
 // ---- the quad form (blocks of 4 and 8 activation rows) ----
 //
 // In the lane form above each int32 lane sums the 8 (4-bit) or 4 (8-bit)
@@ -154,10 +153,10 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void quad_chunk(VF (&acc
   QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
     const VI b = load_chunk<PARTIAL, PF>(p0 + r * rb + k * CB, pf, k * CB * RT + r * CB, x);
     auto spread = [](VI c, VI (&o)[8], int at) {  // dword j of each span into the span's four lanes
-      o[at] = _mm512_shuffle_epi32(c, _MM_PERM_AAAA);
-      o[at + 1] = _mm512_shuffle_epi32(c, _MM_PERM_BBBB);
-      o[at + 2] = _mm512_shuffle_epi32(c, _MM_PERM_CCCC);
-      o[at + 3] = _mm512_shuffle_epi32(c, _MM_PERM_DDDD);
+      o[at] = spread_dword<0>(c);
+      o[at + 1] = spread_dword<1>(c);
+      o[at + 2] = spread_dword<2>(c);
+      o[at + 3] = spread_dword<3>(c);
     };
     if constexpr (SPLIT) {
       spread(vand_i(b, nib), u[r], 0);
@@ -215,11 +214,11 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void quad_tile(const Pac
     }
 }
 
-// Rows [r0, r0 + n) against activation rows m0 .. m0+4·NQ-1, two rows at a time.
+// Rows [r0, r0 + n) against activation rows m0 .. m0+4·NQ-1, two rows at a time (AVX2: one).
 template <int BITS, int NQ, bool SYM>
 QHEAD_INT8_TARGET void rows_quad(const PackedArgs& a, const Int8X& x, int64_t m0, int64_t r0, int64_t n,
                                  const float* sc, const float* zc, float* out, int64_t ldo) {
-  constexpr int RT = 2;
+  constexpr int RT = W == 16 ? 2 : 1;  // AVX2: 16 registers hold one row's 8 code vectors
   const int64_t pf = m0 == 0 ? a.prefetch_bytes : 0;
   const bool partial = x.tail_bytes != 4 * W;
   const int64_t full = x.nch - (partial ? 1 : 0), m_end = m0 + 4 * NQ;
@@ -227,7 +226,6 @@ QHEAD_INT8_TARGET void rows_quad(const PackedArgs& a, const Int8X& x, int64_t m0
   for (; i + RT <= n; i += RT) quad_tile<BITS, RT, NQ, SYM>(a, x, m0, m_end, r0, i, sc, zc, out, ldo, pf, full, partial);
   for (; i < n; ++i) quad_tile<BITS, 1, NQ, SYM>(a, x, m0, m_end, r0, i, sc, zc, out, ldo, pf, full, partial);
 }
-#endif
 
 template <int BITS, bool SYM>
 QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, int64_t m_total, int64_t r0,
@@ -241,13 +239,8 @@ QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, 
   for (int64_t m = 0; m < m_total;) {
     const int64_t mb = m_block(m_total - m);
     switch (mb) {
-#if defined(QHEAD_ISA_AVX512)  // blocks of 4 and 8 in the quad form (kInt8Quad)
       case 8: rows_quad<BITS, 2, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
       case 4: rows_quad<BITS, 1, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
-#else
-      case 8: rows_int8<BITS, 8, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
-      case 4: rows_int8<BITS, 4, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
-#endif
       case 2: rows_int8<BITS, 2, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
       default: rows_int8<BITS, 1, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
     }
