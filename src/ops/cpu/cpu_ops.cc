@@ -381,7 +381,7 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
       r.gidx[static_cast<size_t>(c * lanes + l)] =
           static_cast<int32_t>(std::min((c * ce + l * per_lane) / a.group_len, a.groups - 1) - g0);
   }
-  if (k.int8_quad && m >= 4) {
+  if (k.int8_quad && m >= 3) {
     // The quad form (kernels.h Int8X::qq): per chunk, lanes / 4 spans of
     // ce·4 / lanes elements; lane 4·span + i holds activation row 4·Q + i.
     const int64_t nv = a.bits == 4 ? 8 : 4, vb = 4 * lanes, span = ce * 4 / lanes, nq = (m + 3) / 4;
