@@ -124,7 +124,7 @@ QHEAD_INT8_TARGET void rows_int8(const PackedArgs& a, const Int8X& x, int64_t m0
   }
 }
 
-// ---- the quad form (blocks of 4 and 8 activation rows) ----
+// ---- the quad form (blocks of 8 and 4 activation rows, and 3 left over) ----
 //
 // In the lane form above each int32 lane sums the 8 (4-bit) or 4 (8-bit)
 // products of one packed dword, so the f32 epilogue (convert, s_b·s_g,
@@ -182,8 +182,8 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void quad_chunk(VF (&acc
   }
 }
 
-// R rows from row i of the block against the quads of activation rows m0 ..
-// m0+4·NQ-1 (m0 a multiple of 4; rows past M are not stored).
+// R rows from row i of the block against the quads of activation rows from m0
+// (a multiple of 4); the logits of activation rows m_end and on are not stored.
 template <int BITS, int R, int NQ, bool SYM>
 QHEAD_INT8_TARGET __attribute__((always_inline)) inline void quad_tile(const PackedArgs& a, const Int8X& x, int64_t m0,
                                                                        int64_t m_end, int64_t r0, int64_t i,
