@@ -584,8 +584,9 @@ TEST(CpuKernelsInt8, Int8DotProductsAgree) {
 TEST(CpuKernelsInt8, LogitsSweepSmallShapes) {
   const auto paths = int8_paths();
   if (paths.empty()) GTEST_SKIP() << "no CPU path with the int8 mode here";
-  // M = 7 and 12 reach the quad form's blocks of 4 (AVX-512), 17 and 256
-  // its blocks of 8; H = 96 and 160 end in a partial chunk for both widths.
+  // M = 3 and 7 reach the quad form's padded block of 3, 12 its block of 4,
+  // 17 and 256 its blocks of 8; H = 96 and 160 end in a partial chunk for
+  // both widths.
   const std::vector<Case> cases = {{1, 64, 1},  {3, 576, 3},  {67, 64, 17}, {3, 64, 256},
                                    {50, 160, 2}, {5, 96, 7}, {66, 576, 12}, {5, 160, 7}};
   const DType scale_dtypes[] = {DType::kF16, DType::kBF16, DType::kF32};
@@ -708,7 +709,7 @@ TEST(CpuKernelsInt8, ZeroAndSpreadBlocks) {
 TEST(CpuKernelsInt8, ThreadCountsAndTopkConsistent) {
   const auto paths = int8_paths();
   if (paths.empty()) GTEST_SKIP() << "no CPU path with the int8 mode here";
-  const int64_t v = big_v(50257), h = 128, m = 7, k = 50;  // blocks of 4, 2 and 1 activation rows
+  const int64_t v = big_v(50257), h = 128, m = 7, k = 50;  // a block of 4 and a padded quad of 3
   for (bool sym : {true, false}) {
     const QuantScheme s = make_scheme(4, 64, sym, DType::kF16);
     const Table t = Table::packed(random_packed(v, h, s, 55));

@@ -372,16 +372,17 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
       }
       for (int64_t l = 0; l < lanes; ++l) r.nt[static_cast<size_t>(at * lanes + l)] = -half * r.t[static_cast<size_t>(at * lanes + l)];
     }
+  // The weight group of chunk c's element e (clamped to the row), minus the chunk's first.
+  auto group_in_chunk = [&](int64_t c, int64_t e) {
+    return static_cast<int32_t>(std::min((c * ce + e) / a.group_len, a.groups - 1) - c * ce / a.group_len);
+  };
   r.gidx.assign(static_cast<size_t>(nch * lanes), 0);
   r.g0.assign(static_cast<size_t>(nch), 0);
   for (int64_t c = 0; c < nch; ++c) {
-    const int64_t g0 = c * ce / a.group_len;
-    r.g0[static_cast<size_t>(c)] = g0;
-    for (int64_t l = 0; l < lanes; ++l)
-      r.gidx[static_cast<size_t>(c * lanes + l)] =
-          static_cast<int32_t>(std::min((c * ce + l * per_lane) / a.group_len, a.groups - 1) - g0);
+    r.g0[static_cast<size_t>(c)] = c * ce / a.group_len;
+    for (int64_t l = 0; l < lanes; ++l) r.gidx[static_cast<size_t>(c * lanes + l)] = group_in_chunk(c, l * per_lane);
   }
-  if (k.int8_quad && m >= 3) {
+  if (m >= 3) {
     // The quad form (kernels.h Int8X::qq): per chunk, lanes / 4 spans of
     // ce·4 / lanes elements; lane 4·span + i holds activation row 4·Q + i.
     const int64_t nv = a.bits == 4 ? 8 : 4, vb = 4 * lanes, span = ce * 4 / lanes, nq = (m + 3) / 4;
@@ -395,13 +396,14 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
         for (int64_t sp = 0; sp < lanes / 4; ++sp) {
           const int64_t e0 = c * ce + sp * span;  // the span's first element
           if (e0 >= h) break;                     // past H: zeros
-          const size_t l = static_cast<size_t>(at * lanes + 4 * sp + i % 4);
+          const int64_t lane = 4 * sp + i % 4;
+          const size_t l = static_cast<size_t>(at * lanes + lane);
           for (int64_t v = 0; v < nv; ++v)
             for (int64_t b = 0; b < 4; ++b) {
               const int64_t j = v % 4, e = e0 + (a.bits == 4 ? 8 * j + 2 * b + v / 4 : 4 * j + b);
               if (e >= h) continue;
               const int8_t val = qn[static_cast<size_t>(i * h + e)];
-              r.qq[static_cast<size_t>(at * nv + v) * static_cast<size_t>(vb) + l % static_cast<size_t>(lanes) * 4 + static_cast<size_t>(b)] = val;
+              r.qq[static_cast<size_t>((at * nv + v) * vb + lane * 4 + b)] = val;
               r.tq[l] += val;
             }
           r.sxq[l] = sb[static_cast<size_t>((i * h + e0) / 32)];
@@ -410,9 +412,7 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
       }
     r.gidxq.assign(static_cast<size_t>(nch * lanes), 0);
     for (int64_t c = 0; c < nch; ++c)
-      for (int64_t l = 0; l < lanes; ++l)
-        r.gidxq[static_cast<size_t>(c * lanes + l)] = static_cast<int32_t>(
-            std::min((c * ce + (l / 4) * span) / a.group_len, a.groups - 1) - r.g0[static_cast<size_t>(c)]);
+      for (int64_t l = 0; l < lanes; ++l) r.gidxq[static_cast<size_t>(c * lanes + l)] = group_in_chunk(c, (l / 4) * span);
     r.view.qq = r.qq.data();
     r.view.sxq = r.sxq.data();
     r.view.tq = r.tq.data();

@@ -57,8 +57,8 @@ struct Int8X {
   const int64_t* g0 = nullptr;    // [nch] the first weight group of chunk k
   int64_t nch = 0;              // chunks per row: ceil(H / CE)
   int64_t tail_bytes = 0;       // packed bytes of the last chunk of a row (a full chunk: 4·lanes)
-  // The quad form (KernelTable::int8_quad; blocks of 4 and 8 activation
-  // rows): lane 4s + i of a vector belongs to the chunk's 16-byte packed
+  // The quad form (blocks of 8 and 4 activation rows, and 3 left over, on
+  // both ISA paths; prepared when M >= 3): lane 4s + i of a vector belongs to the chunk's 16-byte packed
   // span s (4-bit: one x block of 32 elements; 8-bit: 16 elements, half of
   // one) and activation row 4·Q + i of quad Q (rows past M are zeros).
   //   qq    [nch][nquads][NV][4·lanes] bytes: vector v pairs with packed
@@ -157,10 +157,6 @@ struct KernelTable {
   void (*logits_block_int8)(const PackedArgs& a, const Int8X& x, int64_t m, int64_t r0, int64_t r1, float* out,
                             int64_t ldo, float* scratch);
   int int8_vnni;
-  // 1: the int8 kernels take blocks of 4 and 8 activation rows in the quad
-  // form (Int8X::qq ..., which the caller then prepares); 0: every block in
-  // the lane form.
-  int int8_quad;
   void (*logits_block_int8_madd)(const PackedArgs& a, const Int8X& x, int64_t m, int64_t r0, int64_t r1,
                                  float* out, int64_t ldo, float* scratch);
   // The sample op's Gumbel noise (src/ops/sample.h) of columns 4·g0 ..

@@ -743,10 +743,8 @@ inline VI vmaddubs(VI u, VI s) { return _mm512_maddubs_epi16(u, s); }
 inline VF vperm_f(VF v, VI idx) { return _mm512_permutexvar_ps(idx, v); }
 inline VI vcvt_i(VF v) { return _mm512_cvtps_epi32(v); }
 template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 4 : MB == 2 ? 4 : MB == 4 ? 3 : 2;
-// The quad form of the int8 kernels (kernels_int8.h) for blocks of 4 and 8
-// activation rows.
-constexpr int kInt8Quad = 1;
-// Dword J of each 128-bit lane into the lane's four dwords.
+// The int8 kernels' quad form (kernels_int8.h): dword J of each 128-bit lane
+// into the lane's four dwords.
 template <int J> inline VI spread_dword(VI v) { return _mm512_shuffle_epi32(v, static_cast<_MM_PERM_ENUM>(J * 0x55)); }
 // i = 0..3: Σ over the spans s of lane 4s + i, in a fixed order.
 inline __m128 sum_quads(VF v) {
@@ -778,7 +776,6 @@ inline VI vcvt_i(VF v) { return _mm256_cvtps_epi32(v); }
 // row, 533-536 with 2 (GCC spills some of the 2-row tile's registers, but
 // each activation vector then serves two rows).
 template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 4 : 2;
-constexpr int kInt8Quad = 1;
 template <int J> inline VI spread_dword(VI v) { return _mm256_shuffle_epi32(v, J * 0x55); }
 inline __m128 sum_quads(VF v) { return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); }
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
@@ -1143,7 +1140,7 @@ constexpr auto* kLogitsInt8 = static_cast<decltype(KernelTable::logits_block_int
 
 const KernelTable kTable = {
     QHEAD_ISA_NAME, Deq4::CE, Deq8::CE, 8 * W, 4 * W, kPlane4, kMbMax, &logits_block, kLogitsInt8, kInt8Vnni,
-    kInt8Quad, &int8_madd::logits_block_int8, &gumbel_noise,
+    &int8_madd::logits_block_int8, &gumbel_noise,
     &dequant_row, &topk_block, &dot_dense, &fma_burn, &read_sum, W,
 };
 
