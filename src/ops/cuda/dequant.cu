@@ -86,6 +86,15 @@ const void* dense_operand(const Table& table, DType want, cudaStream_t s) {
   return w;
 }
 
+// out[m·ldo + v] = f[m·V + v] rounded to nearest (even) in OutT.
+template <class OutT>
+__global__ void round_logits_kernel(const float* __restrict__ f, OutT* __restrict__ out, int64_t V, int64_t n,
+                                    int64_t ldo) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  store_out(out, (i / V) * ldo + i % V, f[i]);
+}
+
 }  // namespace
 
 void gemm_fallback(const Table& table, const TensorView& x, void* out, DType out_dtype, int64_t ldo) {
@@ -96,7 +105,23 @@ void gemm_fallback(const Table& table, const TensorView& x, void* out, DType out
                        "; they must match");
   const void* w = dense_operand(table, wt, s);
   const int V = static_cast<int>(table.vocab()), H = static_cast<int>(table.hidden()), M = static_cast<int>(x.size(0));
-  gemm_xwt(w, cuda_type(wt), x.data, cuda_type(x.dtype), out, cuda_type(out_dtype), V, H, M, ldo);
+  // cuBLAS stores a 16-bit C only of its operands' dtype (f16 in, f16 out;
+  // bf16 in, bf16 out): any other 16-bit out goes through f32 logits and one
+  // rounding, so the logits are the same as in f32 to half an ulp.
+  if (out_dtype == DType::kF32 || out_dtype == wt) {
+    gemm_xwt(w, cuda_type(wt), x.data, cuda_type(x.dtype), out, cuda_type(out_dtype), V, H, M, ldo);
+    return;
+  }
+  const int64_t n = int64_t(M) * V;
+  float* f = static_cast<float*>(workspace(kWsFallbackF32, size_t(n) * sizeof(float)));
+  gemm_xwt(w, cuda_type(wt), x.data, cuda_type(x.dtype), f, CUDA_R_32F, V, H, M, V);
+  constexpr int threads = 256;
+  if (out_dtype == DType::kF16)
+    round_logits_kernel<__half><<<blocks_for(n, threads), threads, 0, s>>>(f, static_cast<__half*>(out), V, n, ldo);
+  else
+    round_logits_kernel<__nv_bfloat16>
+        <<<blocks_for(n, threads), threads, 0, s>>>(f, static_cast<__nv_bfloat16*>(out), V, n, ldo);
+  QHEAD_CUDA_CHECK_LAUNCH("round_logits_kernel");
 }
 
 }  // namespace qhead::cuda_ops

@@ -40,6 +40,7 @@ enum WorkspaceSlot : int {
   kWsEmbedFlag,        // embed's out-of-range flag
   kWsSample,           // sample's candidates, partial maxima and pending flags
   kWsSampleSort,       // sample's whole-row draw: sorted rows, ids, segment offsets, CUB's temporary storage
+  kWsFallbackF32,      // the fallback's f32 logits before their rounding to a 16-bit dtype cuBLAS cannot store
   kWsCount
 };
 // Grow-only scratch buffer `slot` of at least `bytes` (stream-ordered reuse).
