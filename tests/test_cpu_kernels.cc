@@ -579,6 +579,47 @@ TEST(CpuKernelsInt8, Int8DotProductsAgree) {
   if (pairs == 0) GTEST_SKIP() << "no ISA path with VNNI on this CPU: only vpmaddubsw runs (the sweeps test it)";
 }
 
+// A logit does not depend on the batch it was computed in: each activation
+// row alone (M = 1: the row-quad form), in pairs (M = 2) and in batches whose
+// blocks take the quad form (8, 4, the padded 3) gives the same bits. V = 1,
+// 3 and 67 leave a short last quad of table rows; H = 96 a partial chunk.
+TEST(CpuKernelsInt8, LogitsDoNotDependOnTheBatch) {
+  const auto paths = int8_paths();
+  if (paths.empty()) GTEST_SKIP() << "no CPU path with the int8 mode here";
+  int checked = 0;
+  for (const Int8Path& ip : paths) {
+    Int8Guard g(ip);
+    ActGuard act(CpuActivations::kInt8);
+    for (int bits : {4, 8})
+      for (int group : {32, 64, -1})
+        for (bool sym : {true, false})
+          for (int64_t v : {int64_t{1}, int64_t{3}, int64_t{67}})
+            for (int64_t h : {int64_t{96}, int64_t{576}}) {
+              if (group > 0 && h % group != 0) continue;
+              const QuantScheme s = make_scheme(bits, group, sym, DType::kF16);
+              const uint64_t seed = 900 + uint64_t(bits) * 7 + uint64_t(v) * 3 + uint64_t(h) + (sym ? 1 : 0);
+              const Table t = Table::packed(random_packed(v, h, s, seed));
+              const int64_t m = 15;  // blocks of 8, 4 and the padded 3
+              const Tensor x = random_tensor(DType::kF32, m, h, seed + 1, -3.0, 3.0);
+              Tensor all = Tensor::empty(DType::kF32, {m, v});
+              poison(all.view());
+              ASSERT_TRUE(cpu::logits(t, x.view(), all.view()));
+              const std::string what = ip.name() + " " + s.name() + " V=" + std::to_string(v) + " H=" + std::to_string(h);
+              for (int64_t rows : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{6}})
+                for (int64_t i = 0; i + rows <= m; i += rows) {
+                  const TensorView xs(const_cast<float*>(x.ptr<float>()) + i * h, DType::kF32, {rows, h});
+                  Tensor part = Tensor::empty(DType::kF32, {rows, v});
+                  poison(part.view());
+                  ASSERT_TRUE(cpu::logits(t, xs, part.view()));
+                  EXPECT_EQ(0, std::memcmp(part.data(), all.ptr<float>() + i * v, part.nbytes()))
+                      << what << ": rows " << i << ".." << i + rows - 1 << " alone differ from the batch of " << m;
+                  ++checked;
+                }
+            }
+  }
+  EXPECT_GT(checked, 0);
+}
+
 // The full cross product on small, awkward shapes (H = 576 leaves a partial
 // last chunk for the 4-bit kernels), against the derived bound.
 TEST(CpuKernelsInt8, LogitsSweepSmallShapes) {

@@ -317,8 +317,8 @@ AVec<float> prepare_x(const TensorView& x, const PackedArgs& a, const KernelTabl
 // multiple by the symmetric offset) and the lanes' weight-group indices.
 struct Int8Acts {
   AVec<int8_t> q, qq;
-  AVec<float> sx, sxq;
-  AVec<int32_t> t, nt, gidx, tq, ntq, gidxq;
+  AVec<float> sx, sxq, sxs;
+  AVec<int32_t> t, nt, tq, ntq, gidxq, ts, gidxr;
   std::vector<int64_t> g0;
   Int8X view;
 };
@@ -376,16 +376,26 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
   auto group_in_chunk = [&](int64_t c, int64_t e) {
     return static_cast<int32_t>(std::min((c * ce + e) / a.group_len, a.groups - 1) - c * ce / a.group_len);
   };
-  r.gidx.assign(static_cast<size_t>(nch * lanes), 0);
+  const int64_t span = ce * 4 / lanes;  // elements per 16-byte span
+  r.gidxr.assign(static_cast<size_t>(nch * lanes), 0);
   r.g0.assign(static_cast<size_t>(nch), 0);
   for (int64_t c = 0; c < nch; ++c) {
     r.g0[static_cast<size_t>(c)] = c * ce / a.group_len;
-    for (int64_t l = 0; l < lanes; ++l) r.gidx[static_cast<size_t>(c * lanes + l)] = group_in_chunk(c, l * per_lane);
+    for (int64_t l = 0; l < lanes; ++l)
+      r.gidxr[static_cast<size_t>(c * lanes + l)] = static_cast<int32_t>(4 * group_in_chunk(c, (l / 4) * span) + l % 4);
+  }
+  // The row-quad form's per-span block scales and sums (lanes 4s .. 4s+3 alike).
+  r.sxs.assign(static_cast<size_t>(m * nch * lanes), 0.0f);
+  r.ts.assign(static_cast<size_t>(m * nch * lanes), 0);
+  for (int64_t l = 0; l < m * nch * lanes; ++l) {
+    const int64_t s0 = l - l % 4;
+    r.sxs[static_cast<size_t>(l)] = r.sx[static_cast<size_t>(s0)];
+    for (int64_t j = 0; j < 4; ++j) r.ts[static_cast<size_t>(l)] += r.t[static_cast<size_t>(s0 + j)];
   }
   if (m >= 3) {
     // The quad form (kernels.h Int8X::qq): per chunk, lanes / 4 spans of
     // ce·4 / lanes elements; lane 4·span + i holds activation row 4·Q + i.
-    const int64_t nv = a.bits == 4 ? 8 : 4, vb = 4 * lanes, span = ce * 4 / lanes, nq = (m + 3) / 4;
+    const int64_t nv = a.bits == 4 ? 8 : 4, vb = 4 * lanes, nq = (m + 3) / 4;
     r.qq.assign(static_cast<size_t>(nch * nq * nv * vb), 0);
     r.sxq.assign(static_cast<size_t>(nch * nq * lanes), 0.0f);
     r.tq.assign(static_cast<size_t>(nch * nq * lanes), 0);
@@ -422,10 +432,10 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
   }
   const int64_t tail = h - (nch - 1) * ce;  // elements of the last chunk
   r.view.q = r.q.data();
-  r.view.sx = r.sx.data();
-  r.view.t = r.t.data();
   r.view.nt = r.nt.data();
-  r.view.gidx = r.gidx.data();
+  r.view.sxs = r.sxs.data();
+  r.view.ts = r.ts.data();
+  r.view.gidxr = r.gidxr.data();
   r.view.g0 = r.g0.data();
   r.view.nch = nch;
   r.view.m = m;
@@ -450,7 +460,7 @@ struct PreparedX {
       i8 = prepare_x_int8(x, a, *kt);
     else
       xp = prepare_x(x, a, *kt);
-    scratch_floats = 2 * (kBlockRows * a.groups + kt->lanes);
+    scratch_floats = 4 * (kBlockRows * a.groups + kt->lanes);
   }
   void block(const PackedArgs& a, int64_t m, int64_t r0, int64_t r1, float* out, int64_t ldo, float* scratch) const {
     if (int8)

@@ -41,20 +41,17 @@ struct PackedArgs {
 // 4·lanes for 8-bit; the last chunk of a row may be partial and is
 // zero-padded). x is quantized per block of 32 consecutive elements:
 // s_b = max|x| / 127 (f32), q = rint(x / s_b) in [-127, 127].
-// The kernel's VNNI dot product sums 4 byte products into each dword lane;
-// lane l of a chunk covers elements 8l .. 8l+7 (4-bit: the low nibbles of
-// bytes 4l .. 4l+3 are elements 8l, 8l+2, 8l+4, 8l+6 and the high nibbles the
-// odd ones) or 4l .. 4l+3 (8-bit), so everything per lane below is per those.
+// The dot instructions sum 4 byte products into each dword lane; lane l of
+// a chunk covers elements 8l .. 8l+7 (4-bit: the low nibbles of bytes
+// 4l .. 4l+3 are elements 8l, 8l+2, 8l+4, 8l+6 and the high nibbles the odd
+// ones) or 4l .. 4l+3 (8-bit): the lane layout of q and nt.
 // Chunk-major ([nch][M][...]), so the MB rows of an m-block are adjacent
 // for every chunk: the kernel addresses them with constant offsets.
 struct Int8X {
   const int8_t* q = nullptr;    // [nch][M][CE] bytes; 4-bit: the chunk's even elements, then its odd ones
-  const float* sx = nullptr;    // [nch][M][lanes] the lane's block scale s_b (0 in padding)
-  const int32_t* t = nullptr;   // [nch][M][lanes] Σ q over the lane's elements
-  const int32_t* nt = nullptr;  // [nch][M][lanes] -2^(b-1) · t (the symmetric zero-point term)
+  const int32_t* nt = nullptr;  // [nch][M][lanes] -2^(b-1) · Σ q over the lane's elements (the symmetric zero-point term)
   int64_t m = 0;                // M
-  const int32_t* gidx = nullptr;  // [nch][lanes] the lane's weight group minus g0[k] (clamped to the row)
-  const int64_t* g0 = nullptr;    // [nch] the first weight group of chunk k
+  const int64_t* g0 = nullptr;  // [nch] the first weight group of chunk k
   int64_t nch = 0;              // chunks per row: ceil(H / CE)
   int64_t tail_bytes = 0;       // packed bytes of the last chunk of a row (a full chunk: 4·lanes)
   // The quad form (blocks of 8 and 4 activation rows, and 3 left over, on
@@ -75,6 +72,16 @@ struct Int8X {
   const int32_t* ntq = nullptr;
   const int32_t* gidxq = nullptr;
   int64_t nquads = 0;             // ceil(M / 4)
+  // The row-quad form (blocks of 1 and 2 activation rows): q and nt in the
+  // lane layout above, the dot sums then added per span, so that lane 4s + i
+  // of a vector belongs to span s and table row i of four;
+  //   sxs   [nch][M][lanes] the span's block scale s_b (lanes 4s .. 4s+3 alike; 0 in padding);
+  //   ts    [nch][M][lanes] Σ q over the span (alike);
+  //   gidxr [nch][lanes] 4·(the span's weight group minus g0[k]) + i: the
+  //         lane's place among four rows' interleaved scales.
+  const float* sxs = nullptr;
+  const int32_t* ts = nullptr;
+  const int32_t* gidxr = nullptr;
 };
 
 // The rows a logits kernel call handles at most (the scratch it needs is

@@ -741,12 +741,18 @@ inline VI vset_i16(short c) { return _mm512_set1_epi16(c); }
 inline VI vmadd16(VI a, VI b) { return _mm512_madd_epi16(a, b); }
 inline VI vmaddubs(VI u, VI s) { return _mm512_maddubs_epi16(u, s); }
 inline VF vperm_f(VF v, VI idx) { return _mm512_permutexvar_ps(idx, v); }
+inline VI vperm_i(VI v, VI idx) { return _mm512_permutexvar_epi32(idx, v); }
 inline VI vcvt_i(VF v) { return _mm512_cvtps_epi32(v); }
-template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 4 : MB == 2 ? 4 : MB == 4 ? 3 : 2;
 // The int8 kernels' quad form (kernels_int8.h): dword J of each 128-bit lane
 // into the lane's four dwords.
 template <int J> inline VI spread_dword(VI v) { return _mm512_shuffle_epi32(v, static_cast<_MM_PERM_ENUM>(J * 0x55)); }
 // i = 0..3: Σ over the spans s of lane 4s + i, in a fixed order.
+// Lane 4s + i = Σ of the four dwords of 128-bit lane s of d_i (i = 0..3).
+inline VI sum_spans4(VI d0, VI d1, VI d2, VI d3) {
+  const VI p01 = _mm512_add_epi32(_mm512_unpacklo_epi32(d0, d1), _mm512_unpackhi_epi32(d0, d1));
+  const VI p23 = _mm512_add_epi32(_mm512_unpacklo_epi32(d2, d3), _mm512_unpackhi_epi32(d2, d3));
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(p01, p23), _mm512_unpackhi_epi64(p01, p23));
+}
 inline __m128 sum_quads(VF v) {
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -770,13 +776,14 @@ inline VI vset_i16(short c) { return _mm256_set1_epi16(c); }
 inline VI vmadd16(VI a, VI b) { return _mm256_madd_epi16(a, b); }
 inline VI vmaddubs(VI u, VI s) { return _mm256_maddubs_epi16(u, s); }
 inline VF vperm_f(VF v, VI idx) { return _mm256_permutevar8x32_ps(v, idx); }
+inline VI vperm_i(VI v, VI idx) { return _mm256_permutevar8x32_epi32(v, idx); }
 inline VI vcvt_i(VF v) { return _mm256_cvtps_epi32(v); }
-// In cache (Zen 4, 4096x1024 w4g64): M = 1 113 µs with 2 rows, 104 with 4,
-// 101 with 3 (but 3 was slower with zero points); M = 8 592-602 µs with 1
-// row, 533-536 with 2 (GCC spills some of the 2-row tile's registers, but
-// each activation vector then serves two rows).
-template <int MB> constexpr int kRowTileInt8 = MB == 1 ? 4 : 2;
 template <int J> inline VI spread_dword(VI v) { return _mm256_shuffle_epi32(v, J * 0x55); }
+inline VI sum_spans4(VI d0, VI d1, VI d2, VI d3) {
+  const VI p01 = _mm256_add_epi32(_mm256_unpacklo_epi32(d0, d1), _mm256_unpackhi_epi32(d0, d1));
+  const VI p23 = _mm256_add_epi32(_mm256_unpacklo_epi32(d2, d3), _mm256_unpackhi_epi32(d2, d3));
+  return _mm256_add_epi32(_mm256_unpacklo_epi64(p01, p23), _mm256_unpackhi_epi64(p01, p23));
+}
 inline __m128 sum_quads(VF v) { return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); }
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
 #define QHEAD_VNNI_TARGET __attribute__((target("avxvnni")))

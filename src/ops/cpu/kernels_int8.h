@@ -30,113 +30,102 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void lane_scales(const f
   if constexpr (!SYM) zl = vand_i(vsub_i(vzero_i(), vcvt_i(vperm_f(vload(z), gi))), vset_i(0xFFFF));
 }
 
-// One chunk k of the RT consecutive rows at p0 (row stride rb) against the
-// activation rows m0 .. m0+MB-1, into acc. sc / zc: the tile's scales and
-// zero codes (row stride G), readable W floats past the tile's last value.
-// PARTIAL: the row's last chunk is short (x.tail_bytes): its bytes are read
-// with a mask, nothing past the row. PF: prefetch pf's share of this chunk.
-template <int BITS, int RT, int MB, bool SYM, bool PARTIAL, bool PF>
-QHEAD_INT8_TARGET __attribute__((always_inline)) inline void int8_chunk(VF (&acc)[RT][MB], const uint8_t* p0,
-                                                                        int64_t rb, const float* sc, const float* zc,
-                                                                        int64_t G, const Int8X& x, int64_t m0,
-                                                                        int64_t k, const uint8_t* pf) {
-  constexpr int CB = 4 * W;                      // packed bytes per chunk and row
-  constexpr int CE = BITS == 4 ? 8 * W : 4 * W;  // elements per chunk
+// ---- the row-quad form (blocks of 1 and 2 activation rows) ----
+//
+// Four table rows at a time: each row's dot instructions run on Int8X's lane
+// layout (lane l: packed dword l against x's matching bytes), then
+// sum_spans4 adds each 16-byte span's four lanes, so lane 4s + i of one
+// vector holds the integer sum over span s of row i, and one epilogue (s_b of
+// the span, s_g of row i's group from the rows' interleaved scales) serves
+// four rows. The span sums and their epilogues are the quad form's, in its
+// order, so a logit is the same bits whichever block of activation rows
+// computed it. st / zt: this quad's scales and -zc (an int32, low 16 bits)
+// interleaved (group g of row i at 4g + i), readable W floats past the quad's
+// last group; p: the
+// four rows (a short last quad repeats its last row).
+template <int BITS, int MB, bool SYM, bool PARTIAL, bool PF>
+QHEAD_INT8_TARGET __attribute__((always_inline)) inline void rowquad_chunk(VF (&acc)[MB], const uint8_t* const (&p)[4],
+                                                                           const float* st, const float* zt,
+                                                                           const Int8X& x, int64_t m0, int64_t k,
+                                                                           const uint8_t* pf) {
+  constexpr int CB = 4 * W;
+  constexpr int CE = BITS == 4 ? 8 * W : 4 * W;
   const VI nib = vset_i8(0x0F);
-  const VI gi = vload_i(x.gidx + k * W);
   const int64_t g0 = x.g0[k];
-  VI u0[RT], u1[RT], zl[RT];
-  VF sg[RT];
-  QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
-    const VI b = load_chunk<PARTIAL, PF>(p0 + r * rb + k * CB, pf, k * CB * RT + r * CB, x);
-    if constexpr (BITS == 4) {
-      u0[r] = vand_i(b, nib);            // low nibbles: the chunk's even elements
-      u1[r] = vand_i(vsrl16_4(b), nib);  // high nibbles: the odd ones
-    } else {
-      u0[r] = b;
-    }
-    lane_scales<SYM>(sc + r * G + g0, zc + r * G + g0, gi, sg[r], zl[r]);
-  }
-  const int64_t at = k * x.m + m0;  // this chunk's data of activation row m0; rows m0+1.. follow
+  const VI gi = vload_i(x.gidxr + k * W);
+  const VF sg = vperm_f(vload(st + 4 * g0), gi);
+  VI zl = vzero_i();
+  if constexpr (!SYM) zl = vperm_i(vload_i(zt + 4 * g0), gi);
+  const int64_t at = k * x.m + m0;
   const int8_t* xq = x.q + at * CE;
-  const float* xs = x.sx + at * W;
-  const int32_t* xt = (SYM ? x.nt : x.t) + at * W;
-  QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
-    VI xe = vload_i(xq + m * CE);
-    VI xo = xe;
-    if constexpr (BITS == 4) xo = vload_i(xq + m * CE + CB);
-    VF sx = vload(xs + m * W);
-    VI t = vload_i(xt + m * W);
-    // Keep them in registers: GCC would otherwise fold them into each row's
-    // instruction as memory operands and the loads, not the ALUs, would bound
-    // the M = 8 tile.
-    __asm__("" : "+v"(xe), "+v"(xo), "+v"(sx), "+v"(t));
-    QHEAD_UNROLL for (int r = 0; r < RT; ++r) {
-      // Start at -zc·Σq: symmetric, prepared with x; asymmetric, Σq (|.| <= 1016)
-      // times -zc (>= -255) in 16-bit lanes, exact.
-      VI d = SYM ? t : vmadd16(t, zl[r]);
-      if constexpr (BITS == 4) {
-        d = dot4x2(d, u0[r], xe, u1[r], xo);
-      } else {
-        d = dot8(d, u0[r], xe);
-      }
-      acc[r][m] = vfma(vcvt(d), vmul(sx, sg[r]), acc[r][m]);
+  // Each row's dot instructions right after its bytes are split (one row's
+  // codes live at a time: AVX2 has 16 registers).
+  VI d[MB][4];
+  QHEAD_UNROLL for (int r = 0; r < 4; ++r) {
+    const VI b = load_chunk<PARTIAL, PF>(p[r] + k * CB, pf, k * CB * 4 + r * CB, x);
+    const VI u0 = BITS == 4 ? vand_i(b, nib) : b;
+    const VI u1 = BITS == 4 ? vand_i(vsrl16_4(b), nib) : b;
+    QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
+      const VI t0 = SYM ? vload_i(x.nt + (at + m) * W) : vzero_i();
+      if constexpr (BITS == 4)
+        d[m][r] = dot4x2(t0, u0, vload_i(xq + m * CE), u1, vload_i(xq + m * CE + CB));
+      else
+        d[m][r] = dot8(t0, u0, vload_i(xq + m * CE));
     }
+  }
+  QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
+    VI q = sum_spans4(d[m][0], d[m][1], d[m][2], d[m][3]);
+    // Zero points: -zc (>= -255) times the span's Σq (|.| <= 4064) in 16-bit lanes, exact.
+    if constexpr (!SYM) q = vadd_i(q, vmadd16(vload_i(x.ts + (at + m) * W), zl));
+    acc[m] = vfma(vcvt(q), vmul(vload(x.sxs + (at + m) * W), sg), acc[m]);
   }
 }
 
-// res[r·MB + m] for the RT consecutive rows at p0 and activation rows m0 ..
-template <int BITS, int RT, int MB, bool SYM, bool PF>
-QHEAD_INT8_TARGET inline void micro_int8(const uint8_t* p0, int64_t rb, const float* sc, const float* zc, int64_t G,
-                                         const Int8X& x, int64_t m0, float* res, const uint8_t* pf) {
-  VF acc[RT][MB];
-  QHEAD_UNROLL for (int r = 0; r < RT; ++r)
-    QHEAD_UNROLL for (int m = 0; m < MB; ++m) acc[r][m] = vzero();
-  const bool partial = x.tail_bytes != 4 * W;
-  const int64_t full = x.nch - (partial ? 1 : 0);
-  for (int64_t k = 0; k < full; ++k) int8_chunk<BITS, RT, MB, SYM, false, PF>(acc, p0, rb, sc, zc, G, x, m0, k, pf);
-  if (partial) int8_chunk<BITS, RT, MB, SYM, true, PF>(acc, p0, rb, sc, zc, G, x, m0, full, pf);
-  QHEAD_UNROLL for (int r = 0; r < RT; ++r)
-    QHEAD_UNROLL for (int m = 0; m < MB; ++m) res[r * MB + m] = vsum(acc[r][m]);
-}
-
+// Rows [r0, r0 + n) of the block against activation rows m0 .. m0+MB-1.
 template <int BITS, int MB, bool SYM>
-QHEAD_INT8_TARGET void rows_int8(const PackedArgs& a, const Int8X& x, int64_t m0, int64_t r0, int64_t n,
-                                 const float* sc, const float* zc, float* out, int64_t ldo) {
-  constexpr int RT = kRowTileInt8<MB>;
+QHEAD_INT8_TARGET void rows_rowquad(const PackedArgs& a, const Int8X& x, int64_t m0, int64_t r0, int64_t n,
+                                    const float* st, const float* zt, float* out, int64_t ldo) {
   const int64_t G = a.groups;
   const int64_t pf = m0 == 0 ? a.prefetch_bytes : 0;
-  float res[RT * MB];
-  int64_t i = 0;
-  for (; i + RT <= n; i += RT) {
-    const uint8_t* p = a.packed + (r0 + i) * a.row_bytes;
-    if (pf)
-      micro_int8<BITS, RT, MB, SYM, true>(p, a.row_bytes, sc + i * G, zc + i * G, G, x, m0, res, p + pf);
-    else
-      micro_int8<BITS, RT, MB, SYM, false>(p, a.row_bytes, sc + i * G, zc + i * G, G, x, m0, res, nullptr);
-    for (int r = 0; r < RT; ++r)
-      for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i + r] = res[r * MB + m];
-  }
-  for (; i < n; ++i) {
-    const uint8_t* p = a.packed + (r0 + i) * a.row_bytes;
-    micro_int8<BITS, 1, MB, SYM, true>(p, a.row_bytes, sc + i * G, zc + i * G, G, x, m0, res, p + pf);
-    for (int m = 0; m < MB; ++m) out[(m0 + m) * ldo + i] = res[m];
+  const bool partial = x.tail_bytes != 4 * W;
+  const int64_t full = x.nch - (partial ? 1 : 0);
+  for (int64_t i = 0; i < n; i += 4) {
+    const uint8_t* p[4];
+    for (int r = 0; r < 4; ++r) p[r] = a.packed + (r0 + (i + r < n ? i + r : n - 1)) * a.row_bytes;
+    const float* s = st + i * G;
+    const float* z = zt + i * G;
+    VF acc[MB];
+    QHEAD_UNROLL for (int m = 0; m < MB; ++m) acc[m] = vzero();
+    if (pf && i + 4 <= n) {
+      const uint8_t* f = p[0] + pf;
+      for (int64_t k = 0; k < full; ++k) rowquad_chunk<BITS, MB, SYM, false, true>(acc, p, s, z, x, m0, k, f);
+      if (partial) rowquad_chunk<BITS, MB, SYM, true, true>(acc, p, s, z, x, m0, full, f);
+    } else {
+      for (int64_t k = 0; k < full; ++k) rowquad_chunk<BITS, MB, SYM, false, false>(acc, p, s, z, x, m0, k, nullptr);
+      if (partial) rowquad_chunk<BITS, MB, SYM, true, false>(acc, p, s, z, x, m0, full, nullptr);
+    }
+    const int64_t nr = n - i < 4 ? n - i : 4;
+    QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
+      alignas(16) float v[4];
+      _mm_store_ps(v, sum_quads(acc[m]));
+      for (int64_t r = 0; r < nr; ++r) out[(m0 + m) * ldo + i + r] = v[r];
+    }
   }
 }
 
 // ---- the quad form (blocks of 8 and 4 activation rows, and 3 left over) ----
 //
-// In the lane form above each int32 lane sums the 8 (4-bit) or 4 (8-bit)
-// products of one packed dword, so the f32 epilogue (convert, s_b·s_g,
-// FMA) follows every one (8-bit) or two (4-bit) dot instructions. Here lane
-// 4s + i of a vector belongs to the chunk's 16-byte span s and activation
+// Were each int32 lane to sum only the 8 (4-bit) or 4 (8-bit) products of one
+// packed dword (Int8X's lane layout), the f32 epilogue (convert, s_b·s_g,
+// FMA) would follow every one (8-bit) or two (4-bit) dot instructions. Here
+// lane 4s + i of a vector belongs to the chunk's 16-byte span s and activation
 // row i of a quad of four: the row's packed dword j of span s is repeated in
 // the span's four lanes (vpshufd), and Int8X::qq holds the four activation
 // rows' matching bytes. The four (4-bit: eight) dot instructions of a chunk
 // then add into the same lanes, each lane holds a whole x block (4-bit) or
 // half of one (8-bit) of one activation row, and one epilogue follows them
-// all. The integers are the lane form's, summed in another order, so the
-// mode's bound holds as before.
+// all. The integers are exact sums of the products, in any order, so the
+// mode's bound holds; the row-quad form above forms the same span sums.
 template <int BITS, int RT, int NQ, bool SYM, bool PARTIAL, bool PF>
 QHEAD_INT8_TARGET __attribute__((always_inline)) inline void quad_chunk(VF (&acc)[RT][NQ], const uint8_t* p0,
                                                                         int64_t rb, const float* sc, const float* zc,
@@ -238,20 +227,35 @@ QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, 
   const int64_t n = r1 - r0;
   float* sc = scratch;
   float* zc = scratch + kBlockRows * a.groups + W;  // W floats of slack after each (the kernel reads past)
+  float* st = scratch + 2 * (kBlockRows * a.groups + W);
+  float* zt = scratch + 3 * (kBlockRows * a.groups + W);
   prefetch_next_scales(a, r1);
   load_scales(a, r0, n, sc);
   if constexpr (!SYM) load_zero_codes(a, r0, n, zc);
+  if (m_total % 4 == 1 || m_total % 4 == 2) {  // a block of 1 or 2 (the row-quad form): the scales interleaved by 4 rows
+    const int64_t G = a.groups;
+    for (int64_t i = 0; i < n; i += 4)
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t r = 0; r < 4; ++r) {
+          const int64_t src = (i + r < n ? i + r : n - 1) * G + g;
+          st[i * G + 4 * g + r] = sc[src];
+          if constexpr (!SYM) {  // -zc in the low 16 bits, 0 above: vpmaddwd's operand
+            const int32_t nz = static_cast<int32_t>(-static_cast<int32_t>(zc[src]) & 0xFFFF);
+            std::memcpy(zt + i * G + 4 * g + r, &nz, sizeof nz);
+          }
+        }
+  }
   for (int64_t m = 0; m < m_total;) {
     // Three rows left: a quad with a row of zeros (in cache 4096x1024 w4g64,
     // AVX-512: the quad 151 µs against 171 for blocks of 2 and 1); two: the
-    // lane form (102 against 151).
+    // row-quad form (94 µs; a half-empty quad would take about 151).
     const int64_t mb = m_total - m == 3 ? 3 : m_block(m_total - m);
     switch (mb) {
       case 8: rows_quad<BITS, 2, SYM>(a, x, m, m_total, r0, n, sc, zc, out, ldo); break;
       case 4:
       case 3: rows_quad<BITS, 1, SYM>(a, x, m, m_total, r0, n, sc, zc, out, ldo); break;
-      case 2: rows_int8<BITS, 2, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
-      default: rows_int8<BITS, 1, SYM>(a, x, m, r0, n, sc, zc, out, ldo); break;
+      case 2: rows_rowquad<BITS, 2, SYM>(a, x, m, r0, n, st, zt, out, ldo); break;
+      default: rows_rowquad<BITS, 1, SYM>(a, x, m, r0, n, st, zt, out, ldo); break;
     }
     m += mb;
   }
