@@ -318,7 +318,7 @@ AVec<float> prepare_x(const TensorView& x, const PackedArgs& a, const KernelTabl
 struct Int8Acts {
   AVec<int8_t> q, qq;
   AVec<float> sx, sxq, sxs;
-  AVec<int32_t> t, nt, tq, ntq, gidxq, ts, gidxr;
+  AVec<int32_t> t, nt, gidx, tq, ntq, gidxq, gidxr;
   std::vector<int64_t> g0;
   Int8X view;
 };
@@ -377,21 +377,19 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
     return static_cast<int32_t>(std::min((c * ce + e) / a.group_len, a.groups - 1) - c * ce / a.group_len);
   };
   const int64_t span = ce * 4 / lanes;  // elements per 16-byte span
+  r.gidx.assign(static_cast<size_t>(nch * lanes), 0);
   r.gidxr.assign(static_cast<size_t>(nch * lanes), 0);
   r.g0.assign(static_cast<size_t>(nch), 0);
   for (int64_t c = 0; c < nch; ++c) {
     r.g0[static_cast<size_t>(c)] = c * ce / a.group_len;
-    for (int64_t l = 0; l < lanes; ++l)
-      r.gidxr[static_cast<size_t>(c * lanes + l)] = static_cast<int32_t>(4 * group_in_chunk(c, (l / 4) * span) + l % 4);
+    for (int64_t l = 0; l < lanes; ++l) {
+      r.gidx[static_cast<size_t>(c * lanes + l)] = group_in_chunk(c, l * per_lane);
+      r.gidxr[static_cast<size_t>(c * lanes + l)] = static_cast<int32_t>(group_in_chunk(c, (l / 4) * span) + 16 * (l % 2));
+    }
   }
-  // The row-quad form's per-span block scales and sums (lanes 4s .. 4s+3 alike).
+  // The row-quad form's per-span block scales (lanes 4s .. 4s+3 alike).
   r.sxs.assign(static_cast<size_t>(m * nch * lanes), 0.0f);
-  r.ts.assign(static_cast<size_t>(m * nch * lanes), 0);
-  for (int64_t l = 0; l < m * nch * lanes; ++l) {
-    const int64_t s0 = l - l % 4;
-    r.sxs[static_cast<size_t>(l)] = r.sx[static_cast<size_t>(s0)];
-    for (int64_t j = 0; j < 4; ++j) r.ts[static_cast<size_t>(l)] += r.t[static_cast<size_t>(s0 + j)];
-  }
+  for (int64_t l = 0; l < m * nch * lanes; ++l) r.sxs[static_cast<size_t>(l)] = r.sx[static_cast<size_t>(l - l % 4)];
   if (m >= 3) {
     // The quad form (kernels.h Int8X::qq): per chunk, lanes / 4 spans of
     // ce·4 / lanes elements; lane 4·span + i holds activation row 4·Q + i.
@@ -432,9 +430,10 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
   }
   const int64_t tail = h - (nch - 1) * ce;  // elements of the last chunk
   r.view.q = r.q.data();
+  r.view.t = r.t.data();
   r.view.nt = r.nt.data();
+  r.view.gidx = r.gidx.data();
   r.view.sxs = r.sxs.data();
-  r.view.ts = r.ts.data();
   r.view.gidxr = r.gidxr.data();
   r.view.g0 = r.g0.data();
   r.view.nch = nch;
@@ -460,7 +459,7 @@ struct PreparedX {
       i8 = prepare_x_int8(x, a, *kt);
     else
       xp = prepare_x(x, a, *kt);
-    scratch_floats = 4 * (kBlockRows * a.groups + kt->lanes);
+    scratch_floats = 3 * (kBlockRows * a.groups + kt->lanes);
   }
   void block(const PackedArgs& a, int64_t m, int64_t r0, int64_t r1, float* out, int64_t ldo, float* scratch) const {
     if (int8)

@@ -49,9 +49,11 @@ struct PackedArgs {
 // for every chunk: the kernel addresses them with constant offsets.
 struct Int8X {
   const int8_t* q = nullptr;    // [nch][M][CE] bytes; 4-bit: the chunk's even elements, then its odd ones
-  const int32_t* nt = nullptr;  // [nch][M][lanes] -2^(b-1) · Σ q over the lane's elements (the symmetric zero-point term)
+  const int32_t* t = nullptr;   // [nch][M][lanes] Σ q over the lane's elements
+  const int32_t* nt = nullptr;  // [nch][M][lanes] -2^(b-1) · t (the symmetric zero-point term)
   int64_t m = 0;                // M
-  const int64_t* g0 = nullptr;  // [nch] the first weight group of chunk k
+  const int32_t* gidx = nullptr;  // [nch][lanes] the lane's weight group minus g0[k] (clamped to the row)
+  const int64_t* g0 = nullptr;    // [nch] the first weight group of chunk k
   int64_t nch = 0;              // chunks per row: ceil(H / CE)
   int64_t tail_bytes = 0;       // packed bytes of the last chunk of a row (a full chunk: 4·lanes)
   // The quad form (blocks of 8 and 4 activation rows, and 3 left over, on
@@ -72,15 +74,14 @@ struct Int8X {
   const int32_t* ntq = nullptr;
   const int32_t* gidxq = nullptr;
   int64_t nquads = 0;             // ceil(M / 4)
-  // The row-quad form (blocks of 1 and 2 activation rows): q and nt in the
-  // lane layout above, the dot sums then added per span, so that lane 4s + i
-  // of a vector belongs to span s and table row i of four;
+  // The row-quad form (blocks of 1 and 2 activation rows): q, t and nt in
+  // the lane layout above, the dot sums then added per span, so that lane
+  // 4s + i of a vector belongs to span s and table row i of four;
   //   sxs   [nch][M][lanes] the span's block scale s_b (lanes 4s .. 4s+3 alike; 0 in padding);
-  //   ts    [nch][M][lanes] Σ q over the span (alike);
-  //   gidxr [nch][lanes] 4·(the span's weight group minus g0[k]) + i: the
-  //         lane's place among four rows' interleaved scales.
+  //   gidxr [nch][lanes] the span's weight group minus g0[k], plus 16 for odd
+  //         i: quad_pick's index into four rows' scales (AVX-512: two
+  //         two-source permutes; AVX2's vpermps reads the low 3 bits).
   const float* sxs = nullptr;
-  const int32_t* ts = nullptr;
   const int32_t* gidxr = nullptr;
 };
 

@@ -753,6 +753,16 @@ inline VI sum_spans4(VI d0, VI d1, VI d2, VI d3) {
   const VI p23 = _mm512_add_epi32(_mm512_unpacklo_epi32(d2, d3), _mm512_unpackhi_epi32(d2, d3));
   return _mm512_add_epi32(_mm512_unpacklo_epi64(p01, p23), _mm512_unpackhi_epi64(p01, p23));
 }
+// Lane 4s + i = v_i[idx] for four rows' vectors v_0..v_3 (idx: Int8X::gidxr,
+// the span's group + 16·(i mod 2), so two two-source permutes and a blend).
+inline VF quad_pick(VF v0, VF v1, VF v2, VF v3, VI idx) {
+  return _mm512_mask_blend_ps(static_cast<__mmask16>(0xCCCC), _mm512_permutex2var_ps(v0, idx, v1),
+                              _mm512_permutex2var_ps(v2, idx, v3));
+}
+inline VI quad_pick(VI v0, VI v1, VI v2, VI v3, VI idx) {
+  return _mm512_mask_blend_epi32(static_cast<__mmask16>(0xCCCC), _mm512_permutex2var_epi32(v0, idx, v1),
+                                 _mm512_permutex2var_epi32(v2, idx, v3));
+}
 inline __m128 sum_quads(VF v) {
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
@@ -783,6 +793,18 @@ inline VI sum_spans4(VI d0, VI d1, VI d2, VI d3) {
   const VI p01 = _mm256_add_epi32(_mm256_unpacklo_epi32(d0, d1), _mm256_unpackhi_epi32(d0, d1));
   const VI p23 = _mm256_add_epi32(_mm256_unpacklo_epi32(d2, d3), _mm256_unpackhi_epi32(d2, d3));
   return _mm256_add_epi32(_mm256_unpacklo_epi64(p01, p23), _mm256_unpackhi_epi64(p01, p23));
+}
+// Lane 4s + i = v_i[idx] (idx: Int8X::gidxr; vpermps reads its low 3 bits,
+// the span's group): four permutes, three blends.
+inline VF quad_pick(VF v0, VF v1, VF v2, VF v3, VI idx) {
+  const VF a = _mm256_blend_ps(_mm256_permutevar8x32_ps(v0, idx), _mm256_permutevar8x32_ps(v1, idx), 0x22);
+  const VF b = _mm256_blend_ps(_mm256_permutevar8x32_ps(v2, idx), _mm256_permutevar8x32_ps(v3, idx), 0x88);
+  return _mm256_blend_ps(a, b, 0xCC);
+}
+inline VI quad_pick(VI v0, VI v1, VI v2, VI v3, VI idx) {
+  const VI a = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(v0, idx), _mm256_permutevar8x32_epi32(v1, idx), 0x22);
+  const VI b = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(v2, idx), _mm256_permutevar8x32_epi32(v3, idx), 0x88);
+  return _mm256_blend_epi32(a, b, 0xCC);
 }
 inline __m128 sum_quads(VF v) { return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); }
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)

@@ -36,37 +36,47 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void lane_scales(const f
 // layout (lane l: packed dword l against x's matching bytes), then
 // sum_spans4 adds each 16-byte span's four lanes, so lane 4s + i of one
 // vector holds the integer sum over span s of row i, and one epilogue (s_b of
-// the span, s_g of row i's group from the rows' interleaved scales) serves
-// four rows. The span sums and their epilogues are the quad form's, in its
+// the span, s_g of row i's group picked from the four rows' scales by
+// quad_pick) serves four rows. With zero points each row's dots start at its
+// -zc·Σq per dword, so the span sums include them. The span sums and their epilogues are the quad form's, in its
 // order, so a logit is the same bits whichever block of activation rows
-// computed it. st / zt: this quad's scales and -zc (an int32, low 16 bits)
-// interleaved (group g of row i at 4g + i), readable W floats past the quad's
-// last group; p: the
-// four rows (a short last quad repeats its last row).
+// computed it. s / z: the four rows' scales and -zc (vpmaddwd's operand: an
+// int32 with -zc in its low 16 bits), readable W values past the chunk's
+// first group; p: the four rows (a short last quad repeats its last row).
 template <int BITS, int MB, bool SYM, bool PARTIAL, bool PF>
 QHEAD_INT8_TARGET __attribute__((always_inline)) inline void rowquad_chunk(VF (&acc)[MB], const uint8_t* const (&p)[4],
-                                                                           const float* st, const float* zt,
-                                                                           const Int8X& x, int64_t m0, int64_t k,
-                                                                           const uint8_t* pf) {
+                                                                           const float* const (&s)[4],
+                                                                           const int32_t* const (&z)[4], const Int8X& x,
+                                                                           int64_t m0, int64_t k, const uint8_t* pf) {
   constexpr int CB = 4 * W;
   constexpr int CE = BITS == 4 ? 8 * W : 4 * W;
   const VI nib = vset_i8(0x0F);
   const int64_t g0 = x.g0[k];
   const VI gi = vload_i(x.gidxr + k * W);
-  const VF sg = vperm_f(vload(st + 4 * g0), gi);
-  VI zl = vzero_i();
-  if constexpr (!SYM) zl = vperm_i(vload_i(zt + 4 * g0), gi);
+  const VF sg = quad_pick(vload(s[0] + g0), vload(s[1] + g0), vload(s[2] + g0), vload(s[3] + g0), gi);
+  VI zl[SYM ? 1 : 4];  // zero points: row r's -zc per dword lane
+  if constexpr (!SYM) {
+    const VI gd = vload_i(x.gidx + k * W);
+    QHEAD_UNROLL for (int r = 0; r < 4; ++r) zl[r] = vperm_i(vload_i(z[r] + g0), gd);
+  }
   const int64_t at = k * x.m + m0;
   const int8_t* xq = x.q + at * CE;
   // Each row's dot instructions right after its bytes are split (one row's
   // codes live at a time: AVX2 has 16 registers).
-  VI d[MB][4];
+  VI d[MB][4], b4[4];
+  QHEAD_UNROLL for (int r = 0; r < 4; ++r) b4[r] = load_chunk<PARTIAL, PF>(p[r] + k * CB, pf, k * CB * 4 + r * CB, x);
   QHEAD_UNROLL for (int r = 0; r < 4; ++r) {
-    const VI b = load_chunk<PARTIAL, PF>(p[r] + k * CB, pf, k * CB * 4 + r * CB, x);
+    const VI b = b4[r];
     const VI u0 = BITS == 4 ? vand_i(b, nib) : b;
     const VI u1 = BITS == 4 ? vand_i(vsrl16_4(b), nib) : b;
     QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
-      const VI t0 = SYM ? vload_i(x.nt + (at + m) * W) : vzero_i();
+      // Start at -zc·Σq per dword: symmetric, prepared with x; zero points,
+      // Σq (|.| <= 1016) times -zc (>= -255) in 16-bit lanes, exact.
+      VI t0;
+      if constexpr (SYM)
+        t0 = vload_i(x.nt + (at + m) * W);
+      else
+        t0 = vmadd16(vload_i(x.t + (at + m) * W), zl[r]);
       if constexpr (BITS == 4)
         d[m][r] = dot4x2(t0, u0, vload_i(xq + m * CE), u1, vload_i(xq + m * CE + CB));
       else
@@ -75,25 +85,29 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void rowquad_chunk(VF (&
   }
   QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
     VI q = sum_spans4(d[m][0], d[m][1], d[m][2], d[m][3]);
-    // Zero points: -zc (>= -255) times the span's Σq (|.| <= 4064) in 16-bit lanes, exact.
-    if constexpr (!SYM) q = vadd_i(q, vmadd16(vload_i(x.ts + (at + m) * W), zl));
     acc[m] = vfma(vcvt(q), vmul(vload(x.sxs + (at + m) * W), sg), acc[m]);
   }
 }
 
-// Rows [r0, r0 + n) of the block against activation rows m0 .. m0+MB-1.
+// Rows [r0, r0 + n) of the block against activation rows m0 .. m0+MB-1. sc /
+// zi: the block's scales and -zc as vpmaddwd's operand (row stride G).
 template <int BITS, int MB, bool SYM>
 QHEAD_INT8_TARGET void rows_rowquad(const PackedArgs& a, const Int8X& x, int64_t m0, int64_t r0, int64_t n,
-                                    const float* st, const float* zt, float* out, int64_t ldo) {
+                                    const float* sc, const int32_t* zi, float* out, int64_t ldo) {
   const int64_t G = a.groups;
   const int64_t pf = m0 == 0 ? a.prefetch_bytes : 0;
   const bool partial = x.tail_bytes != 4 * W;
   const int64_t full = x.nch - (partial ? 1 : 0);
   for (int64_t i = 0; i < n; i += 4) {
     const uint8_t* p[4];
-    for (int r = 0; r < 4; ++r) p[r] = a.packed + (r0 + (i + r < n ? i + r : n - 1)) * a.row_bytes;
-    const float* s = st + i * G;
-    const float* z = zt + i * G;
+    const float* s[4];
+    const int32_t* z[4];
+    for (int r = 0; r < 4; ++r) {
+      const int64_t row = i + r < n ? i + r : n - 1;
+      p[r] = a.packed + (r0 + row) * a.row_bytes;
+      s[r] = sc + row * G;
+      z[r] = zi + row * G;
+    }
     VF acc[MB];
     QHEAD_UNROLL for (int m = 0; m < MB; ++m) acc[m] = vzero();
     if (pf && i + 4 <= n) {
@@ -227,23 +241,18 @@ QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, 
   const int64_t n = r1 - r0;
   float* sc = scratch;
   float* zc = scratch + kBlockRows * a.groups + W;  // W floats of slack after each (the kernel reads past)
-  float* st = scratch + 2 * (kBlockRows * a.groups + W);
-  float* zt = scratch + 3 * (kBlockRows * a.groups + W);
+  int32_t* zi = reinterpret_cast<int32_t*>(scratch + 2 * (kBlockRows * a.groups + W));  // read by vector loads only
   prefetch_next_scales(a, r1);
   load_scales(a, r0, n, sc);
-  if constexpr (!SYM) load_zero_codes(a, r0, n, zc);
-  if (m_total % 4 == 1 || m_total % 4 == 2) {  // a block of 1 or 2 (the row-quad form): the scales interleaved by 4 rows
-    const int64_t G = a.groups;
-    for (int64_t i = 0; i < n; i += 4)
-      for (int64_t g = 0; g < G; ++g)
-        for (int64_t r = 0; r < 4; ++r) {
-          const int64_t src = (i + r < n ? i + r : n - 1) * G + g;
-          st[i * G + 4 * g + r] = sc[src];
-          if constexpr (!SYM) {  // -zc in the low 16 bits, 0 above: vpmaddwd's operand
-            const int32_t nz = static_cast<int32_t>(-static_cast<int32_t>(zc[src]) & 0xFFFF);
-            std::memcpy(zt + i * G + 4 * g + r, &nz, sizeof nz);
-          }
-        }
+  if constexpr (!SYM) {
+    load_zero_codes(a, r0, n, zc);
+    // The row-quad form's zero term: -zc in the low 16 bits, 0 above (vpmaddwd's operand).
+    if (m_total % 4 == 1 || m_total % 4 == 2)
+      for (int64_t j = 0; j < n * a.groups; j += W)  // zc has W floats of slack, zi room for them
+      {
+        const VI v = vand_i(vsub_i(vzero_i(), vcvt_i(vload(zc + j))), vset_i(0xFFFF));
+        std::memcpy(zi + j, &v, sizeof v);
+      }
   }
   for (int64_t m = 0; m < m_total;) {
     // Three rows left: a quad with a row of zeros (in cache 4096x1024 w4g64,
@@ -254,8 +263,8 @@ QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, 
       case 8: rows_quad<BITS, 2, SYM>(a, x, m, m_total, r0, n, sc, zc, out, ldo); break;
       case 4:
       case 3: rows_quad<BITS, 1, SYM>(a, x, m, m_total, r0, n, sc, zc, out, ldo); break;
-      case 2: rows_rowquad<BITS, 2, SYM>(a, x, m, r0, n, st, zt, out, ldo); break;
-      default: rows_rowquad<BITS, 1, SYM>(a, x, m, r0, n, st, zt, out, ldo); break;
+      case 2: rows_rowquad<BITS, 2, SYM>(a, x, m, r0, n, sc, zi, out, ldo); break;
+      default: rows_rowquad<BITS, 1, SYM>(a, x, m, r0, n, sc, zi, out, ldo); break;
     }
     m += mb;
   }
