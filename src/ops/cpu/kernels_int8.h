@@ -38,11 +38,12 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void lane_scales(const f
 // vector holds the integer sum over span s of row i, and one epilogue (s_b of
 // the span, s_g of row i's group picked from the four rows' scales by
 // quad_pick) serves four rows. With zero points each row's dots start at its
-// -zc·Σq per dword, so the span sums include them. The span sums and their epilogues are the quad form's, in its
-// order, so a logit is the same bits whichever block of activation rows
-// computed it. s / z: the four rows' scales and -zc (vpmaddwd's operand: an
-// int32 with -zc in its low 16 bits), readable W values past the chunk's
-// first group; p: the four rows (a short last quad repeats its last row).
+// -zc·Σq per dword, so the span sums include them. The span sums and their
+// epilogues are the quad form's, in its order, so a logit is the same bits
+// whichever block of activation rows computed it. s / z: the four rows'
+// scales and -zc (vpmaddwd's operand: an int32 with -zc in its low 16 bits),
+// readable W values past the chunk's first group; p: the four rows (a short
+// last quad repeats its last row).
 template <int BITS, int MB, bool SYM, bool PARTIAL, bool PF>
 QHEAD_INT8_TARGET __attribute__((always_inline)) inline void rowquad_chunk(VF (&acc)[MB], const uint8_t* const (&p)[4],
                                                                            const float* const (&s)[4],
@@ -61,8 +62,9 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void rowquad_chunk(VF (&
   }
   const int64_t at = k * x.m + m0;
   const int8_t* xq = x.q + at * CE;
-  // Each row's dot instructions right after its bytes are split (one row's
-  // codes live at a time: AVX2 has 16 registers).
+  // The four rows' loads first, then each row's codes split and used at once
+  // (one row's codes live at a time: AVX2 has 16 registers; splitting all
+  // four first spilled there, 102 -> 125 µs at M = 1 in cache).
   VI d[MB][4], b4[4];
   QHEAD_UNROLL for (int r = 0; r < 4; ++r) b4[r] = load_chunk<PARTIAL, PF>(p[r] + k * CB, pf, k * CB * 4 + r * CB, x);
   QHEAD_UNROLL for (int r = 0; r < 4; ++r) {
@@ -247,12 +249,13 @@ QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, 
   if constexpr (!SYM) {
     load_zero_codes(a, r0, n, zc);
     // The row-quad form's zero term: -zc in the low 16 bits, 0 above (vpmaddwd's operand).
-    if (m_total % 4 == 1 || m_total % 4 == 2)
-      for (int64_t j = 0; j < n * a.groups; j += W)  // zc has W floats of slack, zi room for them
-      {
+    // Vector instructions: a scalar loop here cost a quarter of an M = 1 call in cache.
+    if (m_total % 4 == 1 || m_total % 4 == 2) {
+      for (int64_t j = 0; j < n * a.groups; j += W) {  // zc has W floats of slack, zi room for them
         const VI v = vand_i(vsub_i(vzero_i(), vcvt_i(vload(zc + j))), vset_i(0xFFFF));
         std::memcpy(zi + j, &v, sizeof v);
       }
+    }
   }
   for (int64_t m = 0; m < m_total;) {
     // Three rows left: a quad with a row of zeros (in cache 4096x1024 w4g64,
