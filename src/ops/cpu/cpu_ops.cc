@@ -317,7 +317,7 @@ AVec<float> prepare_x(const TensorView& x, const PackedArgs& a, const KernelTabl
 // multiple by the symmetric offset) and the lanes' weight-group indices.
 struct Int8Acts {
   AVec<int8_t> q, qq;
-  AVec<float> sx, sxq, sxs;
+  AVec<float> sx, sxq;
   AVec<int32_t> t, nt, gidx, tq, ntq, gidxq, gidxr;
   std::vector<int64_t> g0;
   Int8X view;
@@ -387,9 +387,6 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
       r.gidxr[static_cast<size_t>(c * lanes + l)] = static_cast<int32_t>(group_in_chunk(c, (l / 4) * span) + 16 * (l % 2));
     }
   }
-  // The row-quad form's per-span block scales (lanes 4s .. 4s+3 alike).
-  r.sxs.assign(static_cast<size_t>(m * nch * lanes), 0.0f);
-  for (int64_t l = 0; l < m * nch * lanes; ++l) r.sxs[static_cast<size_t>(l)] = r.sx[static_cast<size_t>(l - l % 4)];
   if (m >= 3) {
     // The quad form (kernels.h Int8X::qq): per chunk, lanes / 4 spans of
     // ce·4 / lanes elements; lane 4·span + i holds activation row 4·Q + i.
@@ -433,7 +430,7 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
   r.view.t = r.t.data();
   r.view.nt = r.nt.data();
   r.view.gidx = r.gidx.data();
-  r.view.sxs = r.sxs.data();
+  r.view.sx = r.sx.data();
   r.view.gidxr = r.gidxr.data();
   r.view.g0 = r.g0.data();
   r.view.nch = nch;

@@ -49,6 +49,10 @@ struct PackedArgs {
 // for every chunk: the kernel addresses them with constant offsets.
 struct Int8X {
   const int8_t* q = nullptr;    // [nch][M][CE] bytes; 4-bit: the chunk's even elements, then its odd ones
+  // [nch][M][lanes] the lane's block scale s_b (0 in padding). A 16-byte span
+  // of the table (4-bit: 32 elements; 8-bit: 16) lies in one x block and,
+  // H being a multiple of 32, wholly inside or past H: its four lanes alike.
+  const float* sx = nullptr;
   const int32_t* t = nullptr;   // [nch][M][lanes] Σ q over the lane's elements
   const int32_t* nt = nullptr;  // [nch][M][lanes] -2^(b-1) · t (the symmetric zero-point term)
   int64_t m = 0;                // M
@@ -74,14 +78,13 @@ struct Int8X {
   const int32_t* ntq = nullptr;
   const int32_t* gidxq = nullptr;
   int64_t nquads = 0;             // ceil(M / 4)
-  // The row-quad form (blocks of 1 and 2 activation rows): q, t and nt in
-  // the lane layout above, the dot sums then added per span, so that lane
-  // 4s + i of a vector belongs to span s and table row i of four;
-  //   sxs   [nch][M][lanes] the span's block scale s_b (lanes 4s .. 4s+3 alike; 0 in padding);
+  // The row-quad form (blocks of 1 and 2 activation rows): q, sx, t and nt
+  // in the lane layout above, the dot sums then added per span, so that lane
+  // 4s + i of a vector belongs to span s and table row i of four (sx's lanes
+  // 4s .. 4s+3 are alike, so it serves as is);
   //   gidxr [nch][lanes] the span's weight group minus g0[k], plus 16 for odd
   //         i: quad_pick's index into four rows' scales (AVX-512: two
   //         two-source permutes; AVX2's vpermps reads the low 3 bits).
-  const float* sxs = nullptr;
   const int32_t* gidxr = nullptr;
 };
 

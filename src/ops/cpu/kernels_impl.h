@@ -746,7 +746,6 @@ inline VI vcvt_i(VF v) { return _mm512_cvtps_epi32(v); }
 // The int8 kernels' quad form (kernels_int8.h): dword J of each 128-bit lane
 // into the lane's four dwords.
 template <int J> inline VI spread_dword(VI v) { return _mm512_shuffle_epi32(v, static_cast<_MM_PERM_ENUM>(J * 0x55)); }
-// i = 0..3: Σ over the spans s of lane 4s + i, in a fixed order.
 // Lane 4s + i = Σ of the four dwords of 128-bit lane s of d_i (i = 0..3).
 inline VI sum_spans4(VI d0, VI d1, VI d2, VI d3) {
   const VI p01 = _mm512_add_epi32(_mm512_unpacklo_epi32(d0, d1), _mm512_unpackhi_epi32(d0, d1));
@@ -763,6 +762,7 @@ inline VI quad_pick(VI v0, VI v1, VI v2, VI v3, VI idx) {
   return _mm512_mask_blend_epi32(static_cast<__mmask16>(0xCCCC), _mm512_permutex2var_epi32(v0, idx, v1),
                                  _mm512_permutex2var_epi32(v2, idx, v3));
 }
+// i = 0..3: Σ over the spans s of lane 4s + i, in a fixed order.
 inline __m128 sum_quads(VF v) {
   const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));

@@ -87,7 +87,7 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void rowquad_chunk(VF (&
   }
   QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
     VI q = sum_spans4(d[m][0], d[m][1], d[m][2], d[m][3]);
-    acc[m] = vfma(vcvt(q), vmul(vload(x.sxs + (at + m) * W), sg), acc[m]);
+    acc[m] = vfma(vcvt(q), vmul(vload(x.sx + (at + m) * W), sg), acc[m]);
   }
 }
 
