@@ -384,7 +384,7 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
     r.g0[static_cast<size_t>(c)] = c * ce / a.group_len;
     for (int64_t l = 0; l < lanes; ++l) {
       r.gidx[static_cast<size_t>(c * lanes + l)] = group_in_chunk(c, l * per_lane);
-      r.gidxr[static_cast<size_t>(c * lanes + l)] = static_cast<int32_t>(group_in_chunk(c, (l / 4) * span) + 16 * (l % 2));
+      r.gidxr[static_cast<size_t>(c * lanes + l)] = static_cast<int32_t>(group_in_chunk(c, (l / 4) * span) + (lanes == 16 ? 4 * (l % 4) : 0));
     }
   }
   if (m >= 3) {

@@ -82,9 +82,9 @@ struct Int8X {
   // in the lane layout above, the dot sums then added per span, so that lane
   // 4s + i of a vector belongs to span s and table row i of four (sx's lanes
   // 4s .. 4s+3 are alike, so it serves as is);
-  //   gidxr [nch][lanes] the span's weight group minus g0[k], plus 16 for odd
-  //         i: quad_pick's index into four rows' scales (AVX-512: two
-  //         two-source permutes; AVX2's vpermps reads the low 3 bits).
+  //   gidxr [nch][lanes] the span's weight group minus g0[k], plus 4·i on
+  //         AVX-512 (quad_scales' index into the four rows' first four
+  //         scales of the chunk, one row per 128-bit lane).
   const int32_t* gidxr = nullptr;
 };
 

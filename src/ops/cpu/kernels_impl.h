@@ -752,15 +752,18 @@ inline VI sum_spans4(VI d0, VI d1, VI d2, VI d3) {
   const VI p23 = _mm512_add_epi32(_mm512_unpacklo_epi32(d2, d3), _mm512_unpackhi_epi32(d2, d3));
   return _mm512_add_epi32(_mm512_unpacklo_epi64(p01, p23), _mm512_unpackhi_epi64(p01, p23));
 }
-// Lane 4s + i = v_i[idx] for four rows' vectors v_0..v_3 (idx: Int8X::gidxr,
-// the span's group + 16·(i mod 2), so two two-source permutes and a blend).
-inline VF quad_pick(VF v0, VF v1, VF v2, VF v3, VI idx) {
-  return _mm512_mask_blend_ps(static_cast<__mmask16>(0xCCCC), _mm512_permutex2var_ps(v0, idx, v1),
-                              _mm512_permutex2var_ps(v2, idx, v3));
-}
-inline VI quad_pick(VI v0, VI v1, VI v2, VI v3, VI idx) {
-  return _mm512_mask_blend_epi32(static_cast<__mmask16>(0xCCCC), _mm512_permutex2var_epi32(v0, idx, v1),
-                                 _mm512_permutex2var_epi32(v2, idx, v3));
+// Lane 4s + i = s_i[group of span s] for four rows' scales s_0..s_3 from the
+// chunk's first group (a chunk of 4-bit codes is 128 elements, at most four
+// groups of >= 32): each row's first four in 128-bit lane i, then one permute
+// by Int8X::gidxr (the span's group + 4·i). Four 16-byte loads, not 64-byte
+// ones: at s_i + g0 those split a cache line on most chunks, and with them
+// and two two-source permutes the pick took 20 % of an M = 1 call in cache.
+inline VF quad_scales(const float* s0, const float* s1, const float* s2, const float* s3, VI idx) {
+  __m512 z = _mm512_castps128_ps512(_mm_loadu_ps(s0));
+  z = _mm512_insertf32x4(z, _mm_loadu_ps(s1), 1);
+  z = _mm512_insertf32x4(z, _mm_loadu_ps(s2), 2);
+  z = _mm512_insertf32x4(z, _mm_loadu_ps(s3), 3);
+  return _mm512_permutexvar_ps(idx, z);
 }
 // i = 0..3: Σ over the spans s of lane 4s + i, in a fixed order.
 inline __m128 sum_quads(VF v) {
@@ -794,17 +797,15 @@ inline VI sum_spans4(VI d0, VI d1, VI d2, VI d3) {
   const VI p23 = _mm256_add_epi32(_mm256_unpacklo_epi32(d2, d3), _mm256_unpackhi_epi32(d2, d3));
   return _mm256_add_epi32(_mm256_unpacklo_epi64(p01, p23), _mm256_unpackhi_epi64(p01, p23));
 }
-// Lane 4s + i = v_i[idx] (idx: Int8X::gidxr; vpermps reads its low 3 bits,
-// the span's group): four permutes, three blends.
-inline VF quad_pick(VF v0, VF v1, VF v2, VF v3, VI idx) {
-  const VF a = _mm256_blend_ps(_mm256_permutevar8x32_ps(v0, idx), _mm256_permutevar8x32_ps(v1, idx), 0x22);
-  const VF b = _mm256_blend_ps(_mm256_permutevar8x32_ps(v2, idx), _mm256_permutevar8x32_ps(v3, idx), 0x88);
+// Lane 4s + i = s_i[idx] (idx: Int8X::gidxr, the span's group): four
+// 32-byte loads, four vpermps, three blends. Gathering the rows' first two
+// scales into one vector and permuting once (as on AVX-512) measured slower
+// here: in cache, 4096x1024, one thread, M = 2 w4g64 153 against 141 µs,
+// M = 1 with zero points 130 against 123; M = 1 symmetric equal.
+inline VF quad_scales(const float* s0, const float* s1, const float* s2, const float* s3, VI idx) {
+  const VF a = _mm256_blend_ps(_mm256_permutevar8x32_ps(vload(s0), idx), _mm256_permutevar8x32_ps(vload(s1), idx), 0x22);
+  const VF b = _mm256_blend_ps(_mm256_permutevar8x32_ps(vload(s2), idx), _mm256_permutevar8x32_ps(vload(s3), idx), 0x88);
   return _mm256_blend_ps(a, b, 0xCC);
-}
-inline VI quad_pick(VI v0, VI v1, VI v2, VI v3, VI idx) {
-  const VI a = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(v0, idx), _mm256_permutevar8x32_epi32(v1, idx), 0x22);
-  const VI b = _mm256_blend_epi32(_mm256_permutevar8x32_epi32(v2, idx), _mm256_permutevar8x32_epi32(v3, idx), 0x88);
-  return _mm256_blend_epi32(a, b, 0xCC);
 }
 inline __m128 sum_quads(VF v) { return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); }
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)

@@ -37,7 +37,7 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void lane_scales(const f
 // sum_spans4 adds each 16-byte span's four lanes, so lane 4s + i of one
 // vector holds the integer sum over span s of row i, and one epilogue (s_b of
 // the span, s_g of row i's group picked from the four rows' scales by
-// quad_pick) serves four rows. With zero points each row's dots start at its
+// quad_scales) serves four rows. With zero points each row's dots start at its
 // -zc·Σq per dword, so the span sums include them. The span sums and their
 // epilogues are the quad form's, in its order, so a logit is the same bits
 // whichever block of activation rows computed it. s / z: the four rows'
@@ -54,7 +54,7 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void rowquad_chunk(VF (&
   const VI nib = vset_i8(0x0F);
   const int64_t g0 = x.g0[k];
   const VI gi = vload_i(x.gidxr + k * W);
-  const VF sg = quad_pick(vload(s[0] + g0), vload(s[1] + g0), vload(s[2] + g0), vload(s[3] + g0), gi);
+  const VF sg = quad_scales(s[0] + g0, s[1] + g0, s[2] + g0, s[3] + g0, gi);
   VI zl[SYM ? 1 : 4];  // zero points: row r's -zc per dword lane
   if constexpr (!SYM) {
     const VI gd = vload_i(x.gidx + k * W);
