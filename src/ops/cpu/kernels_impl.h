@@ -758,6 +758,11 @@ inline VI sum_spans4(VI d0, VI d1, VI d2, VI d3) {
 // by Int8X::gidxr (the span's group + 4·i). Four 16-byte loads, not 64-byte
 // ones: at s_i + g0 those split a cache line on most chunks, and with them
 // and two two-source permutes the pick took 20 % of an M = 1 call in cache.
+// A row's first four (-zc) words of the chunk (gidx, their index, is at most
+// 3); the lanes above are undefined. A 16-byte load, for the same reason.
+inline VI load_chunk_groups(const int32_t* p) {
+  return _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
 inline VF quad_scales(const float* s0, const float* s1, const float* s2, const float* s3, VI idx) {
   __m512 z = _mm512_castps128_ps512(_mm_loadu_ps(s0));
   z = _mm512_insertf32x4(z, _mm_loadu_ps(s1), 1);
@@ -802,6 +807,7 @@ inline VI sum_spans4(VI d0, VI d1, VI d2, VI d3) {
 // scales into one vector and permuting once (as on AVX-512) measured slower
 // here: in cache, 4096x1024, one thread, M = 2 w4g64 153 against 141 µs,
 // M = 1 with zero points 130 against 123; M = 1 symmetric equal.
+inline VI load_chunk_groups(const int32_t* p) { return vload_i(p); }
 inline VF quad_scales(const float* s0, const float* s1, const float* s2, const float* s3, VI idx) {
   const VF a = _mm256_blend_ps(_mm256_permutevar8x32_ps(vload(s0), idx), _mm256_permutevar8x32_ps(vload(s1), idx), 0x22);
   const VF b = _mm256_blend_ps(_mm256_permutevar8x32_ps(vload(s2), idx), _mm256_permutevar8x32_ps(vload(s3), idx), 0x88);

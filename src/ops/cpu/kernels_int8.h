@@ -58,7 +58,7 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void rowquad_chunk(VF (&
   VI zl[SYM ? 1 : 4];  // zero points: row r's -zc per dword lane
   if constexpr (!SYM) {
     const VI gd = vload_i(x.gidx + k * W);
-    QHEAD_UNROLL for (int r = 0; r < 4; ++r) zl[r] = vperm_i(vload_i(z[r] + g0), gd);
+    QHEAD_UNROLL for (int r = 0; r < 4; ++r) zl[r] = vperm_i(load_chunk_groups(z[r] + g0), gd);
   }
   const int64_t at = k * x.m + m0;
   const int8_t* xq = x.q + at * CE;
