@@ -58,8 +58,52 @@ __device__ __forceinline__ void put_logit(const LogitsArgs& a, int64_t i, float 
   }
 }
 
-// Plain logits: the C fragments → out.
-template <int RT, int NT>
+// Two 16-bit logits as one 32-bit word, `lo` in the low half (each rounded to nearest even).
+template <bool kBf16>
+__device__ __forceinline__ uint32_t pack_logits(float lo, float hi) {
+  if constexpr (kBf16) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&p);
+  } else {
+    const __half2 p = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&p);
+  }
+}
+
+// A whole tile of 16-bit logits (ldo even, out 4-byte aligned). A lane holds
+// rows g and g + 8 of a column; lanes g and g ^ 1 (lane ^ 4) trade one of
+// them, so that each lane holds two adjacent rows — g, g + 1 on even g;
+// g + 7, g + 8 on odd g — and stores them as one 32-bit word. A column's 16
+// rows are then one 32-byte sector written by one instruction, where 2-byte
+// stores split it over two, and the tile takes half the store instructions.
+// Called by whole warps (the shuffles).
+template <bool kBf16, int RT, int NT>
+__device__ __forceinline__ void store_tile_pairs(const LogitsArgs& a, const float (&acc)[RT][NT][4], int64_t row0,
+                                                 int m0, int g, int t) {
+  const bool odd = (g & 1) != 0;
+  unsigned short* const o = static_cast<unsigned short*>(a.out);
+  int64_t p = int64_t(m0 + 2 * t) * a.ldo + row0 + (odd ? g + 7 : g);  // even: a word boundary
+#pragma unroll
+  for (int n = 0; n < NT; ++n, p += 8 * a.ldo) {
+    const int64_t p1 = p + a.ldo;
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      // Sent: row g on odd lanes, row g + 8 on even lanes; received: the partner's.
+      const float r0 = __shfl_xor_sync(0xffffffffu, odd ? acc[r][n][0] : acc[r][n][2], 4);
+      const float r1 = __shfl_xor_sync(0xffffffffu, odd ? acc[r][n][1] : acc[r][n][3], 4);
+      const uint32_t w0 = odd ? pack_logits<kBf16>(r0, acc[r][n][2]) : pack_logits<kBf16>(acc[r][n][0], r0);
+      const uint32_t w1 = odd ? pack_logits<kBf16>(r1, acc[r][n][3]) : pack_logits<kBf16>(acc[r][n][1], r1);
+      *reinterpret_cast<uint32_t*>(o + p + r * 16) = w0;
+      *reinterpret_cast<uint32_t*>(o + p1 + r * 16) = w1;
+    }
+  }
+}
+
+// Plain logits: the C fragments → out. kPairs16: a whole tile of 16-bit
+// logits by store_tile_pairs (the warp-specialized GEMM, whose consumers have
+// the registers; in the kernels that run two CTAs an SM its code made ptxas
+// spill: 968 → 3858 spilled bytes over one instance file's kernels).
+template <int RT, int NT, bool kPairs16 = false>
 __device__ __forceinline__ void store_tile(const LogitsArgs& a, const float (&acc)[RT][NT][4], int64_t row0, int m0,
                                            int g, int t) {
   if (row0 + RT * 16 <= a.V && m0 + NT * 8 <= a.M) {  // a whole tile: no bounds, one offset per column pair
@@ -76,6 +120,13 @@ __device__ __forceinline__ void store_tile(const LogitsArgs& a, const float (&ac
           o[p + r * 16 + 8] = acc[r][n][2];
           o[p1 + r * 16 + 8] = acc[r][n][3];
         }
+      }
+    } else if (kPairs16 && (a.ldo & 1) == 0 && (reinterpret_cast<uintptr_t>(a.out) & 3) == 0) {
+      if constexpr (kPairs16) {
+        if (a.out_type == kOutF16)
+          store_tile_pairs<false>(a, acc, row0, m0, g, t);
+        else
+          store_tile_pairs<true>(a, acc, row0, m0, g, t);
       }
     } else {
 #pragma unroll

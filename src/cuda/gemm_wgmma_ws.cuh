@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) logits_gemm_wgmma_ws_kernel(con
     auto store = [&] {
       // No zeroing here: it would wait for the stores to read acc; the next fold assigns instead.
       if constexpr (TOPK) topk_lists_tile<NT>(a, acc[0], p_row0 + wic * 16, p_m0, seg, lane, thr_s, cnt_s[wic], sum_s[wic]);
-      else store_tile<1, NT>(a, acc, p_row0 + wic * 16, p_m0, g, t);
+      else store_tile<1, NT, true>(a, acc, p_row0 + wic * 16, p_m0, g, t);
       fresh = true;
       store_now = false;
     };
