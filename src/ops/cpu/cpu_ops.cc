@@ -384,7 +384,8 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
     r.g0[static_cast<size_t>(c)] = c * ce / a.group_len;
     for (int64_t l = 0; l < lanes; ++l) {
       r.gidx[static_cast<size_t>(c * lanes + l)] = group_in_chunk(c, l * per_lane);
-      r.gidxr[static_cast<size_t>(c * lanes + l)] = static_cast<int32_t>(group_in_chunk(c, (l / 4) * span) + (lanes == 16 ? 4 * (l % 4) : 0));
+      r.gidxr[static_cast<size_t>(c * lanes + l)] = static_cast<int32_t>((lanes == 16 ? group_in_chunk(c, (l / 4) * span) + 4 * (l % 4)
+                                                           : group_in_chunk(c, (l / 4) * span) * 4 + l % 4));
     }
   }
   if (m >= 3) {
@@ -456,7 +457,7 @@ struct PreparedX {
       i8 = prepare_x_int8(x, a, *kt);
     else
       xp = prepare_x(x, a, *kt);
-    scratch_floats = 3 * (kBlockRows * a.groups + kt->lanes);
+    scratch_floats = 4 * (kBlockRows * a.groups + kt->lanes);
   }
   void block(const PackedArgs& a, int64_t m, int64_t r0, int64_t r1, float* out, int64_t ldo, float* scratch) const {
     if (int8)

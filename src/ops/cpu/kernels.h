@@ -82,9 +82,10 @@ struct Int8X {
   // in the lane layout above, the dot sums then added per span, so that lane
   // 4s + i of a vector belongs to span s and table row i of four (sx's lanes
   // 4s .. 4s+3 are alike, so it serves as is);
-  //   gidxr [nch][lanes] the span's weight group minus g0[k], plus 4·i on
-  //         AVX-512 (quad_scales' index into the four rows' first four
-  //         scales of the chunk, one row per 128-bit lane).
+  //   gidxr [nch][lanes] rowquad_scales' index for lane 4s + i, from the
+  //         span's weight group minus g0[k] (grp): AVX-512 grp + 4·i (the
+  //         four rows' first four scales of the chunk, a row per 128-bit
+  //         lane); AVX2 grp·4 + i (the quad's transposed scales).
   const int32_t* gidxr = nullptr;
 };
 
@@ -164,7 +165,7 @@ struct KernelTable {
   // none, usable only when CPUID reports `int8_vnni` (1: AVX512_VNNI, 2:
   // AVX_VNNI); logits_block_int8_madd uses vpmaddubsw + vpmaddwd and runs
   // wherever the ISA does. Both give the same results bit for bit.
-  // scratch: at least 2 * kBlockRows * G + 2 * lanes floats.
+  // scratch: at least 4 * (kBlockRows * G + lanes) floats.
   void (*logits_block_int8)(const PackedArgs& a, const Int8X& x, int64_t m, int64_t r0, int64_t r1, float* out,
                             int64_t ldo, float* scratch);
   int int8_vnni;

@@ -752,23 +752,29 @@ inline VI sum_spans4(VI d0, VI d1, VI d2, VI d3) {
   const VI p23 = _mm512_add_epi32(_mm512_unpacklo_epi32(d2, d3), _mm512_unpackhi_epi32(d2, d3));
   return _mm512_add_epi32(_mm512_unpacklo_epi64(p01, p23), _mm512_unpackhi_epi64(p01, p23));
 }
-// Lane 4s + i = s_i[group of span s] for four rows' scales s_0..s_3 from the
-// chunk's first group (a chunk of 4-bit codes is 128 elements, at most four
-// groups of >= 32): each row's first four in 128-bit lane i, then one permute
-// by Int8X::gidxr (the span's group + 4·i). Four 16-byte loads, not 64-byte
+// The row-quad form's weight scales, lane 4s + i = row i's scale of span s's
+// group, from the four rows' own scales (s_i, each at the chunk's first
+// group; a chunk of 4-bit codes is 128 elements, at most four groups of
+// >= 32): each row's first four in 128-bit lane i, then one permute by
+// Int8X::gidxr (the span's group + 4·i). Four 16-byte loads, not 64-byte
 // ones: at s_i + g0 those split a cache line on most chunks, and with them
 // and two two-source permutes the pick took 20 % of an M = 1 call in cache.
+// (The transposed per-quad copy the AVX2 path reads, one 64-byte load and one
+// permute here, measured no better: in cache, 4096x1024, one thread, M = 1
+// w4g64 64-65 against 62 µs, w8g128 77 against 79, M = 2 w8g128 122 against
+// 114.)
+constexpr bool kRowQuadScalesT = false;
+inline VF rowquad_scales(const float* const (&s)[4], const float*, int64_t g0, VI idx) {
+  __m512 z = _mm512_castps128_ps512(_mm_loadu_ps(s[0] + g0));
+  z = _mm512_insertf32x4(z, _mm_loadu_ps(s[1] + g0), 1);
+  z = _mm512_insertf32x4(z, _mm_loadu_ps(s[2] + g0), 2);
+  z = _mm512_insertf32x4(z, _mm_loadu_ps(s[3] + g0), 3);
+  return _mm512_permutexvar_ps(idx, z);
+}
 // A row's first four (-zc) words of the chunk (gidx, their index, is at most
 // 3); the lanes above are undefined. A 16-byte load, for the same reason.
 inline VI load_chunk_groups(const int32_t* p) {
   return _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline VF quad_scales(const float* s0, const float* s1, const float* s2, const float* s3, VI idx) {
-  __m512 z = _mm512_castps128_ps512(_mm_loadu_ps(s0));
-  z = _mm512_insertf32x4(z, _mm_loadu_ps(s1), 1);
-  z = _mm512_insertf32x4(z, _mm_loadu_ps(s2), 2);
-  z = _mm512_insertf32x4(z, _mm_loadu_ps(s3), 3);
-  return _mm512_permutexvar_ps(idx, z);
 }
 // i = 0..3: Σ over the spans s of lane 4s + i, in a fixed order.
 inline __m128 sum_quads(VF v) {
@@ -802,17 +808,19 @@ inline VI sum_spans4(VI d0, VI d1, VI d2, VI d3) {
   const VI p23 = _mm256_add_epi32(_mm256_unpacklo_epi32(d2, d3), _mm256_unpackhi_epi32(d2, d3));
   return _mm256_add_epi32(_mm256_unpacklo_epi64(p01, p23), _mm256_unpackhi_epi64(p01, p23));
 }
-// Lane 4s + i = s_i[idx] (idx: Int8X::gidxr, the span's group): four
-// 32-byte loads, four vpermps, three blends. Gathering the rows' first two
-// scales into one vector and permuting once (as on AVX-512) measured slower
-// here: in cache, 4096x1024, one thread, M = 2 w4g64 153 against 141 µs,
-// M = 1 with zero points 130 against 123; M = 1 symmetric equal.
-inline VI load_chunk_groups(const int32_t* p) { return vload_i(p); }
-inline VF quad_scales(const float* s0, const float* s1, const float* s2, const float* s3, VI idx) {
-  const VF a = _mm256_blend_ps(_mm256_permutevar8x32_ps(vload(s0), idx), _mm256_permutevar8x32_ps(vload(s1), idx), 0x22);
-  const VF b = _mm256_blend_ps(_mm256_permutevar8x32_ps(vload(s2), idx), _mm256_permutevar8x32_ps(vload(s3), idx), 0x88);
-  return _mm256_blend_ps(a, b, 0xCC);
+// The row-quad form's weight scales from the block's per-quad transposed
+// copy (t: the quad's scales as [group][row], build_quad_scales; a chunk of
+// 4-bit codes is 64 elements, at most two groups): the chunk's first two
+// groups' eight scales are one load, lane 4s + i picked by one vpermps
+// (Int8X::gidxr: the span's group · 4 + i). Against picking from the four
+// rows' own scales (four loads, four vpermps, three blends), in cache
+// 4096x1024, one thread: M = 1 w4g64 91 against 99 µs, w8g128 165 against
+// 178, zero points 119 against 124; M = 2 3-5 % faster.
+constexpr bool kRowQuadScalesT = true;
+inline VF rowquad_scales(const float* const (&)[4], const float* t, int64_t g0, VI idx) {
+  return _mm256_permutevar8x32_ps(_mm256_loadu_ps(t + 4 * g0), idx);
 }
+inline VI load_chunk_groups(const int32_t* p) { return vload_i(p); }
 inline __m128 sum_quads(VF v) { return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); }
 #if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
 #define QHEAD_VNNI_TARGET __attribute__((target("avxvnni")))

@@ -37,16 +37,17 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void lane_scales(const f
 // sum_spans4 adds each 16-byte span's four lanes, so lane 4s + i of one
 // vector holds the integer sum over span s of row i, and one epilogue (s_b of
 // the span, s_g of row i's group picked from the four rows' scales by
-// quad_scales) serves four rows. With zero points each row's dots start at its
+// rowquad_scales) serves four rows. With zero points each row's dots start at its
 // -zc·Σq per dword, so the span sums include them. The span sums and their
 // epilogues are the quad form's, in its order, so a logit is the same bits
 // whichever block of activation rows computed it. s / z: the four rows'
 // scales and -zc (vpmaddwd's operand: an int32 with -zc in its low 16 bits),
-// readable W values past the chunk's first group; p: the four rows (a short
+// readable W values past the chunk's first group; st: with kRowQuadScalesT
+// the quad's transposed scales (build_quad_scales); p: the four rows (a short
 // last quad repeats its last row).
 template <int BITS, int MB, bool SYM, bool PARTIAL, bool PF>
 QHEAD_INT8_TARGET __attribute__((always_inline)) inline void rowquad_chunk(VF (&acc)[MB], const uint8_t* const (&p)[4],
-                                                                           const float* const (&s)[4],
+                                                                           const float* const (&s)[4], const float* st,
                                                                            const int32_t* const (&z)[4], const Int8X& x,
                                                                            int64_t m0, int64_t k, const uint8_t* pf) {
   constexpr int CB = 4 * W;
@@ -54,7 +55,7 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void rowquad_chunk(VF (&
   const VI nib = vset_i8(0x0F);
   const int64_t g0 = x.g0[k];
   const VI gi = vload_i(x.gidxr + k * W);
-  const VF sg = quad_scales(s[0] + g0, s[1] + g0, s[2] + g0, s[3] + g0, gi);
+  const VF sg = rowquad_scales(s, st, g0, gi);
   VI zl[SYM ? 1 : 4];  // zero points: row r's -zc per dword lane
   if constexpr (!SYM) {
     const VI gd = vload_i(x.gidx + k * W);
@@ -91,11 +92,36 @@ QHEAD_INT8_TARGET __attribute__((always_inline)) inline void rowquad_chunk(VF (&
   }
 }
 
+// The block's scales transposed per quad of rows, t[(q·G + g)·4 + i] = row
+// 4q + i's scale of group g (a short last quad repeats its last row): the
+// AVX2 row-quad form reads a chunk's four rows' scales as one vector. 4×4
+// SSE transposes, the rest (G mod 4 groups) by scalar copies.
+inline void build_quad_scales(const float* sc, int64_t n, int64_t G, float* t) {
+  for (int64_t i = 0; i < n; i += 4) {
+    const float* s[4];
+    for (int r = 0; r < 4; ++r) s[r] = sc + (i + r < n ? i + r : n - 1) * G;
+    float* o = t + i * G;
+    int64_t g = 0;
+    for (; g + 4 <= G; g += 4) {
+      __m128 r0 = _mm_loadu_ps(s[0] + g), r1 = _mm_loadu_ps(s[1] + g), r2 = _mm_loadu_ps(s[2] + g),
+             r3 = _mm_loadu_ps(s[3] + g);
+      _MM_TRANSPOSE4_PS(r0, r1, r2, r3);
+      _mm_storeu_ps(o + 4 * g, r0);
+      _mm_storeu_ps(o + 4 * g + 4, r1);
+      _mm_storeu_ps(o + 4 * g + 8, r2);
+      _mm_storeu_ps(o + 4 * g + 12, r3);
+    }
+    for (; g < G; ++g)
+      for (int r = 0; r < 4; ++r) o[4 * g + r] = s[r][g];
+  }
+}
+
 // Rows [r0, r0 + n) of the block against activation rows m0 .. m0+MB-1. sc /
-// zi: the block's scales and -zc as vpmaddwd's operand (row stride G).
+// zi: the block's scales and -zc as vpmaddwd's operand (row stride G); st:
+// with kRowQuadScalesT, the scales transposed per quad (build_quad_scales).
 template <int BITS, int MB, bool SYM>
 QHEAD_INT8_TARGET void rows_rowquad(const PackedArgs& a, const Int8X& x, int64_t m0, int64_t r0, int64_t n,
-                                    const float* sc, const int32_t* zi, float* out, int64_t ldo) {
+                                    const float* sc, const float* st, const int32_t* zi, float* out, int64_t ldo) {
   const int64_t G = a.groups;
   const int64_t pf = m0 == 0 ? a.prefetch_bytes : 0;
   const bool partial = x.tail_bytes != 4 * W;
@@ -110,15 +136,16 @@ QHEAD_INT8_TARGET void rows_rowquad(const PackedArgs& a, const Int8X& x, int64_t
       s[r] = sc + row * G;
       z[r] = zi + row * G;
     }
+    const float* t = st + i * G;  // the quad's transposed scales (kRowQuadScalesT)
     VF acc[MB];
     QHEAD_UNROLL for (int m = 0; m < MB; ++m) acc[m] = vzero();
     if (pf && i + 4 <= n) {
       const uint8_t* f = p[0] + pf;
-      for (int64_t k = 0; k < full; ++k) rowquad_chunk<BITS, MB, SYM, false, true>(acc, p, s, z, x, m0, k, f);
-      if (partial) rowquad_chunk<BITS, MB, SYM, true, true>(acc, p, s, z, x, m0, full, f);
+      for (int64_t k = 0; k < full; ++k) rowquad_chunk<BITS, MB, SYM, false, true>(acc, p, s, t, z, x, m0, k, f);
+      if (partial) rowquad_chunk<BITS, MB, SYM, true, true>(acc, p, s, t, z, x, m0, full, f);
     } else {
-      for (int64_t k = 0; k < full; ++k) rowquad_chunk<BITS, MB, SYM, false, false>(acc, p, s, z, x, m0, k, nullptr);
-      if (partial) rowquad_chunk<BITS, MB, SYM, true, false>(acc, p, s, z, x, m0, full, nullptr);
+      for (int64_t k = 0; k < full; ++k) rowquad_chunk<BITS, MB, SYM, false, false>(acc, p, s, t, z, x, m0, k, nullptr);
+      if (partial) rowquad_chunk<BITS, MB, SYM, true, false>(acc, p, s, t, z, x, m0, full, nullptr);
     }
     const int64_t nr = n - i < 4 ? n - i : 4;
     QHEAD_UNROLL for (int m = 0; m < MB; ++m) {
@@ -244,8 +271,10 @@ QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, 
   float* sc = scratch;
   float* zc = scratch + kBlockRows * a.groups + W;  // W floats of slack after each (the kernel reads past)
   int32_t* zi = reinterpret_cast<int32_t*>(scratch + 2 * (kBlockRows * a.groups + W));  // read by vector loads only
+  float* st = scratch + 3 * (kBlockRows * a.groups + W);  // kRowQuadScalesT: read up to 4 floats past a quad
   prefetch_next_scales(a, r1);
   load_scales(a, r0, n, sc);
+  if (kRowQuadScalesT && (m_total % 4 == 1 || m_total % 4 == 2)) build_quad_scales(sc, n, a.groups, st);
   if constexpr (!SYM) {
     load_zero_codes(a, r0, n, zc);
     // The row-quad form's zero term: -zc in the low 16 bits, 0 above (vpmaddwd's operand).
@@ -266,8 +295,8 @@ QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, 
       case 8: rows_quad<BITS, 2, SYM>(a, x, m, m_total, r0, n, sc, zc, out, ldo); break;
       case 4:
       case 3: rows_quad<BITS, 1, SYM>(a, x, m, m_total, r0, n, sc, zc, out, ldo); break;
-      case 2: rows_rowquad<BITS, 2, SYM>(a, x, m, r0, n, sc, zi, out, ldo); break;
-      default: rows_rowquad<BITS, 1, SYM>(a, x, m, r0, n, sc, zi, out, ldo); break;
+      case 2: rows_rowquad<BITS, 2, SYM>(a, x, m, r0, n, sc, st, zi, out, ldo); break;
+      default: rows_rowquad<BITS, 1, SYM>(a, x, m, r0, n, sc, st, zi, out, ldo); break;
     }
     m += mb;
   }
