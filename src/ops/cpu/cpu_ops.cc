@@ -384,8 +384,9 @@ Int8Acts prepare_x_int8(const TensorView& x, const PackedArgs& a, const KernelTa
     r.g0[static_cast<size_t>(c)] = c * ce / a.group_len;
     for (int64_t l = 0; l < lanes; ++l) {
       r.gidx[static_cast<size_t>(c * lanes + l)] = group_in_chunk(c, l * per_lane);
-      r.gidxr[static_cast<size_t>(c * lanes + l)] = static_cast<int32_t>((lanes == 16 ? group_in_chunk(c, (l / 4) * span) + 4 * (l % 4)
-                                                           : group_in_chunk(c, (l / 4) * span) * 4 + l % 4));
+      // The row-quad form's scale index for table row `row` of four (kernels.h).
+      const int32_t grp = group_in_chunk(c, (l / 4) * span), row = static_cast<int32_t>(l % 4);
+      r.gidxr[static_cast<size_t>(c * lanes + l)] = lanes == 16 ? grp + 4 * row : grp * 4 + row;
     }
   }
   if (m >= 3) {
