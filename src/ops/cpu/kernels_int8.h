@@ -274,12 +274,14 @@ QHEAD_INT8_TARGET void logits_block_int8_t(const PackedArgs& a, const Int8X& x, 
   float* st = scratch + 3 * (kBlockRows * a.groups + W);  // kRowQuadScalesT: read up to 4 floats past a quad
   prefetch_next_scales(a, r1);
   load_scales(a, r0, n, sc);
-  if (kRowQuadScalesT && (m_total % 4 == 1 || m_total % 4 == 2)) build_quad_scales(sc, n, a.groups, st);
+  // The activation rows end in a block of 1 or 2 (below): the row-quad form runs.
+  const bool rowquad = m_total % 4 == 1 || m_total % 4 == 2;
+  if (kRowQuadScalesT && rowquad) build_quad_scales(sc, n, a.groups, st);
   if constexpr (!SYM) {
     load_zero_codes(a, r0, n, zc);
     // The row-quad form's zero term: -zc in the low 16 bits, 0 above (vpmaddwd's operand).
     // Vector instructions: a scalar loop here cost a quarter of an M = 1 call in cache.
-    if (m_total % 4 == 1 || m_total % 4 == 2) {
+    if (rowquad) {
       for (int64_t j = 0; j < n * a.groups; j += W) {  // zc has W floats of slack, zi room for them
         const VI v = vand_i(vsub_i(vzero_i(), vcvt_i(vload(zc + j))), vset_i(0xFFFF));
         std::memcpy(zi + j, &v, sizeof v);
